@@ -1,0 +1,32 @@
+package throttle
+
+import "go.opentelemetry.io/otel/attribute"
+
+// Span attributes that the Gate sets on every decision span.
+const (
+	KeyAttr          = attribute.Key("throttle.key")            // string: the limiter key
+	AlgorithmAttr    = attribute.Key("throttle.algorithm")      // string: e.g. "sliding_window_log"
+	CostAttr         = attribute.Key("throttle.cost")           // int: n
+	LimitAttr        = attribute.Key("throttle.limit")          // int: Decision.Limit
+	AllowedAttr      = attribute.Key("throttle.allowed")        // bool: Decision.Allowed
+	RemainingAttr    = attribute.Key("throttle.remaining")      // int: Decision.Remaining
+	RetryAfterMsAttr = attribute.Key("throttle.retry_after_ms") // int: Decision.RetryAfter in milliseconds
+	SourceAttr       = attribute.Key("throttle.source")         // string: Decision.Source
+	OutcomeAttr      = attribute.Key("throttle.outcome")        // string: "admitted" or "rejected" (metrics)
+	PolicyAttr       = attribute.Key("throttle.failure_policy") // string: set when the policy decided
+)
+
+// Names of the instruments and span the Gate records.
+const (
+	// SpanName is the name of the span the Gate starts for each decision.
+	SpanName = "throttle.admit"
+	// DecisionsMetric counts decisions, labelled by throttle.outcome and
+	// throttle.source. Unit: {decision}.
+	DecisionsMetric = "throttle.decisions"
+	// DurationMetric is the latency of a decision in seconds, labelled like
+	// DecisionsMetric.
+	DurationMetric = "throttle.decision.duration"
+	// StoreErrorsMetric counts limiter errors other than bad requests (store
+	// failures and timeouts), labelled by throttle.algorithm.
+	StoreErrorsMetric = "throttle.store.errors"
+)

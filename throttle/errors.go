@@ -1,0 +1,79 @@
+package throttle
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrInvalidOption is wrapped by every configuration error: a bad Rate,
+	// a bad option value, a nil dependency. Match with errors.Is; use
+	// errors.As with *OptionError to read the field.
+	ErrInvalidOption = errors.New("throttle: invalid option")
+
+	// ErrInvalidCost is wrapped by the error AllowN returns for a cost n
+	// that is < 1 or larger than the limit could ever admit at once. Such a
+	// request is never admitted and must not be retried.
+	ErrInvalidCost = errors.New("throttle: invalid cost")
+
+	// ErrInvalidKey is wrapped by errors for keys a limiter cannot use, and
+	// by consumer adapters when their key function fails. Such a request is
+	// never admitted and must not be retried.
+	ErrInvalidKey = errors.New("throttle: invalid key")
+
+	// ErrLimited is matched (errors.Is) by every error that carries a
+	// rejection, such as *LimitedError.
+	ErrLimited = errors.New("throttle: limited")
+)
+
+// OptionError is a configuration error naming the field at fault. It
+// matches ErrInvalidOption with errors.Is.
+type OptionError struct {
+	Field  string // the option or field, e.g. "Rate.Count" or "WithPrefix"
+	Reason string // why it was refused
+}
+
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("throttle: invalid option %s: %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidOption.
+func (e *OptionError) Is(target error) bool { return target == ErrInvalidOption }
+
+// CheckCost returns an error wrapping ErrInvalidCost unless 1 <= n <= max.
+// Limiters call it before any store access.
+func CheckCost(n, max int) error {
+	if n < 1 {
+		return fmt.Errorf("%w: n must be >= 1, got %d", ErrInvalidCost, n)
+	}
+	if n > max {
+		return fmt.Errorf("%w: n=%d exceeds the limit %d and could never be admitted", ErrInvalidCost, n, max)
+	}
+	return nil
+}
+
+// IsUsageError reports whether err says the request itself is bad (an
+// invalid cost or key) rather than that the limiter could not decide. Such
+// requests are never admitted, whatever the failure policy, and must not be
+// retried.
+func IsUsageError(err error) bool {
+	return errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrInvalidKey)
+}
+
+// LimitedError carries a rejection through code paths that speak in errors.
+// It matches ErrLimited with errors.Is.
+type LimitedError struct {
+	Key      string
+	Decision Decision
+}
+
+func (e *LimitedError) Error() string {
+	return fmt.Sprintf("throttle: limited: key %q, retry after %v", e.Key, e.Decision.RetryAfter)
+}
+
+// Is reports whether target is ErrLimited.
+func (e *LimitedError) Is(target error) bool { return target == ErrLimited }
+
+// RetryAfter returns the rejection's RetryAfter.
+func (e *LimitedError) RetryAfter() time.Duration { return e.Decision.RetryAfter }

@@ -1,0 +1,163 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope of the Gate's tracer and meter.
+const ScopeName = "github.com/queuethrottle/queuethrottle/throttle"
+
+// Version is the version of this module, recorded as the instrumentation
+// scope version.
+const Version = "0.1.0"
+
+// Gate makes admission decisions for consumers: it asks its Limiter, applies
+// the FailurePolicy when the limiter cannot decide, and records every
+// decision as one span, one increment of the decisions counter and one
+// latency sample. A Gate is safe for concurrent use.
+type Gate struct {
+	limiter       Limiter
+	algorithm     string
+	limit         int
+	policy        FailurePolicy
+	degradedRetry time.Duration
+
+	tracer      trace.Tracer
+	decisions   metric.Int64Counter
+	duration    metric.Float64Histogram
+	storeErrors metric.Int64Counter
+
+	// Precomputed metric options by outcome (0 rejected, 1 admitted) and
+	// Source, so a decision allocates nothing for its labels.
+	measure     [2][SourceDegraded + 1]metric.MeasurementOption
+	storeErrOpt metric.AddOption
+}
+
+// NewGate returns a Gate over l. The limiter is required; errors wrap
+// ErrInvalidOption.
+func NewGate(l Limiter, opts ...Option) (*Gate, error) {
+	if l == nil {
+		return nil, &OptionError{Field: "Limiter", Reason: "must not be nil"}
+	}
+	cfg := gateConfig{policy: FailClosed, degradedRetry: time.Second}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.tracerProvider == nil {
+		cfg.tracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.meterProvider == nil {
+		cfg.meterProvider = otel.GetMeterProvider()
+	}
+	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride}
+	if a, ok := l.(Algorithmer); ok && g.algorithm == "" {
+		g.algorithm = a.Algorithm()
+	}
+	if r, ok := l.(interface{ Rate() Rate }); ok {
+		g.limit = r.Rate().Count
+	}
+	g.tracer = cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
+	meter := cfg.meterProvider.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
+	var err error
+	if g.decisions, err = meter.Int64Counter(DecisionsMetric,
+		metric.WithUnit("{decision}"),
+		metric.WithDescription("Admission decisions by outcome and source.")); err != nil {
+		return nil, err
+	}
+	if g.duration, err = meter.Float64Histogram(DurationMetric,
+		metric.WithUnit("s"),
+		metric.WithDescription("Time to make one admission decision, including store round trips."),
+		metric.WithExplicitBucketBoundaries(0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)); err != nil {
+		return nil, err
+	}
+	if g.storeErrors, err = meter.Int64Counter(StoreErrorsMetric,
+		metric.WithUnit("{error}"),
+		metric.WithDescription("Limiter store failures and timeouts; the failure policy decided instead.")); err != nil {
+		return nil, err
+	}
+	for allowed, outcome := range []string{"rejected", "admitted"} {
+		for s := SourceUnknown; s <= SourceDegraded; s++ {
+			g.measure[allowed][s] = metric.WithAttributeSet(attribute.NewSet(OutcomeAttr.String(outcome), SourceAttr.String(s.String())))
+		}
+	}
+	g.storeErrOpt = metric.WithAttributeSet(attribute.NewSet(AlgorithmAttr.String(g.algorithm)))
+	return g, nil
+}
+
+// Policy returns the Gate's failure policy.
+func (g *Gate) Policy() FailurePolicy { return g.policy }
+
+// Admit decides whether a request of cost n for key may proceed.
+//
+// A rejection is a Decision with Allowed == false and a nil error. When the
+// limiter fails (store error or timeout), the failure policy decides and the
+// Decision has Source SourceDegraded; the error is then recorded on the span
+// and counted, and Admit still returns a nil error. Admit returns an error
+// only for a request that can never be admitted (see IsUsageError) or when
+// ctx is already done; the Decision is then a rejection with RetryAfter
+// Never, and the caller must not retry it.
+func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
+	start := time.Now()
+	ctx, span := g.tracer.Start(ctx, SpanName, trace.WithSpanKind(trace.SpanKindInternal))
+	d, err := g.limiter.AllowN(ctx, key, n)
+	if err != nil {
+		if IsUsageError(err) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			span.End()
+			return Decision{Limit: g.limit, RetryAfter: Never, Source: SourceUnknown}, err
+		}
+		d = g.degraded()
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "limiter failed; "+g.policy.String()+" decided")
+		g.storeErrors.Add(ctx, 1, g.storeErrOpt)
+	}
+	allowed := 0
+	if d.Allowed {
+		allowed = 1
+	}
+	src := d.Source
+	if src < SourceUnknown || src > SourceDegraded {
+		src = SourceUnknown
+	}
+	opt := g.measure[allowed][src]
+	g.decisions.Add(ctx, 1, opt.(metric.AddOption))
+	if span.IsRecording() {
+		span.SetAttributes(
+			KeyAttr.String(key),
+			AlgorithmAttr.String(g.algorithm),
+			CostAttr.Int(n),
+			LimitAttr.Int(d.Limit),
+			AllowedAttr.Bool(d.Allowed),
+			RemainingAttr.Int(d.Remaining),
+			RetryAfterMsAttr.Int64(d.RetryAfter.Milliseconds()),
+			SourceAttr.String(d.Source.String()),
+		)
+		if err != nil {
+			span.SetAttributes(PolicyAttr.String(g.policy.String()))
+		}
+	}
+	span.End()
+	g.duration.Record(ctx, time.Since(start).Seconds(), opt.(metric.RecordOption))
+	return d, nil
+}
+
+func (g *Gate) degraded() Decision {
+	if g.policy == FailOpen {
+		return Decision{Allowed: true, Limit: g.limit, Source: SourceDegraded}
+	}
+	return Decision{Limit: g.limit, RetryAfter: g.degradedRetry, ResetAfter: g.degradedRetry, Source: SourceDegraded}
+}

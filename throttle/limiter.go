@@ -1,0 +1,39 @@
+package throttle
+
+import (
+	"context"
+	"time"
+)
+
+// Limiter decides admissions. AllowN admits a request of cost n for key, or
+// rejects it with a RetryAfter. The limit is fixed at construction.
+//
+// A rejection is a Decision with Allowed == false and a nil error. An error
+// means the limiter could not decide: a store failure or timeout, or a bad
+// request (wrapping ErrInvalidCost or ErrInvalidKey). Implementations are
+// safe for concurrent use.
+type Limiter interface {
+	AllowN(ctx context.Context, key string, n int) (Decision, error)
+}
+
+// Algorithmer is implemented by limiters that name their algorithm, such as
+// "sliding_window_log" or "token_bucket". The Gate records the name as the
+// throttle.algorithm span attribute.
+type Algorithmer interface {
+	Algorithm() string
+}
+
+// Clock tells the time. Limiters take one through a WithClock option so
+// tests can use fixed instants; the default is the system clock.
+type Clock interface {
+	Now() time.Time
+}
+
+// ClockFunc adapts a function to a Clock.
+type ClockFunc func() time.Time
+
+// Now returns f().
+func (f ClockFunc) Now() time.Time { return f() }
+
+// SystemClock is the Clock that reads time.Now.
+var SystemClock Clock = ClockFunc(time.Now)

@@ -1,0 +1,101 @@
+package throttle
+
+import (
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// FailurePolicy says what a Gate decides when its limiter cannot (the store
+// erred or timed out). Either way the decision has Source SourceDegraded and
+// the error is recorded on the span and counted.
+type FailurePolicy int
+
+const (
+	// FailClosed rejects with the Gate's degraded retry-after (default 1s,
+	// see WithDegradedRetryAfter): the downstream is never flooded while the
+	// store is down, and messages come back later.
+	FailClosed FailurePolicy = iota
+	// FailOpen admits: work goes on unthrottled while the store is down.
+	FailOpen
+)
+
+// String returns "fail_closed" or "fail_open".
+func (p FailurePolicy) String() string {
+	if p == FailOpen {
+		return "fail_open"
+	}
+	return "fail_closed"
+}
+
+// Option configures a Gate.
+type Option interface{ apply(*gateConfig) error }
+
+type optionFunc func(*gateConfig) error
+
+func (f optionFunc) apply(c *gateConfig) error { return f(c) }
+
+type gateConfig struct {
+	tracerProvider    trace.TracerProvider
+	meterProvider     metric.MeterProvider
+	policy            FailurePolicy
+	degradedRetry     time.Duration
+	algorithmOverride string
+}
+
+// WithTracerProvider sets the provider of the decision spans. Nil means the
+// global provider (otel.GetTracerProvider()).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *gateConfig) error {
+		if tp != nil {
+			c.tracerProvider = tp
+		}
+		return nil
+	})
+}
+
+// WithMeterProvider sets the provider of the decision metrics. Nil means the
+// global provider (otel.GetMeterProvider()).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *gateConfig) error {
+		if mp != nil {
+			c.meterProvider = mp
+		}
+		return nil
+	})
+}
+
+// WithFailurePolicy sets what the Gate decides when the limiter errs.
+// Default FailClosed.
+func WithFailurePolicy(p FailurePolicy) Option {
+	return optionFunc(func(c *gateConfig) error {
+		if p != FailClosed && p != FailOpen {
+			return &OptionError{Field: "WithFailurePolicy", Reason: fmt.Sprintf("unknown policy %d", int(p))}
+		}
+		c.policy = p
+		return nil
+	})
+}
+
+// WithDegradedRetryAfter sets the RetryAfter of a FailClosed rejection,
+// after which the message is presented again. Default 1s; must be > 0.
+func WithDegradedRetryAfter(d time.Duration) Option {
+	return optionFunc(func(c *gateConfig) error {
+		if d <= 0 {
+			return &OptionError{Field: "WithDegradedRetryAfter", Reason: fmt.Sprintf("must be > 0, got %v", d)}
+		}
+		c.degradedRetry = CeilMillisecond(d)
+		return nil
+	})
+}
+
+// WithAlgorithm sets the throttle.algorithm attribute when the limiter does
+// not implement Algorithmer (or to override it).
+func WithAlgorithm(name string) Option {
+	return optionFunc(func(c *gateConfig) error {
+		c.algorithmOverride = name
+		return nil
+	})
+}
