@@ -35,10 +35,14 @@ type Gate struct {
 	duration    metric.Float64Histogram
 	storeErrors metric.Int64Counter
 
-	// Precomputed metric options by outcome (0 rejected, 1 admitted) and
-	// Source, so a decision allocates nothing for its labels.
-	measure     [2][SourceDegraded + 1]metric.MeasurementOption
-	storeErrOpt metric.AddOption
+	// Metric options are indexed by outcome (0 rejected, 1 admitted) and
+	// Source.
+	// Precomputed option slices: a variadic call through an interface
+	// would otherwise allocate its slice on every decision.
+	startOpts   []trace.SpanStartOption
+	addOpts     [2][SourceDegraded + 1][]metric.AddOption
+	recordOpts  [2][SourceDegraded + 1][]metric.RecordOption
+	storeErrOpt []metric.AddOption
 }
 
 // NewGate returns a Gate over l. The limiter is required; errors wrap
@@ -90,10 +94,13 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	}
 	for allowed, outcome := range []string{"rejected", "admitted"} {
 		for s := SourceUnknown; s <= SourceDegraded; s++ {
-			g.measure[allowed][s] = metric.WithAttributeSet(attribute.NewSet(OutcomeAttr.String(outcome), SourceAttr.String(s.String())))
+			set := metric.WithAttributeSet(attribute.NewSet(OutcomeAttr.String(outcome), SourceAttr.String(s.String())))
+			g.addOpts[allowed][s] = []metric.AddOption{set}
+			g.recordOpts[allowed][s] = []metric.RecordOption{set}
 		}
 	}
-	g.storeErrOpt = metric.WithAttributeSet(attribute.NewSet(AlgorithmAttr.String(g.algorithm)))
+	g.storeErrOpt = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(AlgorithmAttr.String(g.algorithm)))}
+	g.startOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 	return g, nil
 }
 
@@ -111,7 +118,7 @@ func (g *Gate) Policy() FailurePolicy { return g.policy }
 // Never, and the caller must not retry it.
 func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 	start := time.Now()
-	ctx, span := g.tracer.Start(ctx, SpanName, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := g.tracer.Start(ctx, SpanName, g.startOpts...)
 	d, err := g.limiter.AllowN(ctx, key, n)
 	if err != nil {
 		if IsUsageError(err) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
@@ -123,7 +130,7 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 		d = g.degraded()
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "limiter failed; "+g.policy.String()+" decided")
-		g.storeErrors.Add(ctx, 1, g.storeErrOpt)
+		g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
 	}
 	allowed := 0
 	if d.Allowed {
@@ -133,8 +140,7 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 	if src < SourceUnknown || src > SourceDegraded {
 		src = SourceUnknown
 	}
-	opt := g.measure[allowed][src]
-	g.decisions.Add(ctx, 1, opt.(metric.AddOption))
+	g.decisions.Add(ctx, 1, g.addOpts[allowed][src]...)
 	if span.IsRecording() {
 		span.SetAttributes(
 			KeyAttr.String(key),
@@ -151,7 +157,7 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 		}
 	}
 	span.End()
-	g.duration.Record(ctx, time.Since(start).Seconds(), opt.(metric.RecordOption))
+	g.duration.Record(ctx, time.Since(start).Seconds(), g.recordOpts[allowed][src]...)
 	return d, nil
 }
 

@@ -37,3 +37,11 @@ func (f ClockFunc) Now() time.Time { return f() }
 
 // SystemClock is the Clock that reads time.Now.
 var SystemClock Clock = ClockFunc(time.Now)
+
+// LimiterFunc adapts a function to a Limiter.
+type LimiterFunc func(ctx context.Context, key string, n int) (Decision, error)
+
+// AllowN returns f(ctx, key, n).
+func (f LimiterFunc) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	return f(ctx, key, n)
+}

@@ -1,0 +1,244 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+	"github.com/queuethrottle/queuethrottle/window"
+)
+
+// telemetry is an SDK tracer and meter provider that keep what they record.
+type telemetry struct {
+	spans  *tracetest.SpanRecorder
+	tp     *sdktrace.TracerProvider
+	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
+}
+
+func newTelemetry(t *testing.T) *telemetry {
+	t.Helper()
+	tel := &telemetry{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	tel.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tel.spans))
+	tel.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(tel.reader))
+	t.Cleanup(func() {
+		_ = tel.tp.Shutdown(context.Background())
+		_ = tel.mp.Shutdown(context.Background())
+	})
+	return tel
+}
+
+func (tel *telemetry) options() []throttle.Option {
+	return []throttle.Option{throttle.WithTracerProvider(tel.tp), throttle.WithMeterProvider(tel.mp)}
+}
+
+// sums returns each Int64 sum data point of the named metric by its
+// "outcome/source" or "algorithm" labels.
+func (tel *telemetry) sums(t *testing.T, name string) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, tel.reader.Collect(context.Background(), &rm))
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				got[label(dp.Attributes)] += dp.Value
+			}
+		}
+	}
+	return got
+}
+
+// histogramCount returns the number of samples of the named histogram.
+func (tel *telemetry) histogramCount(t *testing.T, name string) uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, tel.reader.Collect(context.Background(), &rm))
+	var n uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+					n += dp.Count
+				}
+			}
+		}
+	}
+	return n
+}
+
+func label(set attribute.Set) string {
+	if v, ok := set.Value(throttle.OutcomeAttr); ok {
+		s, _ := set.Value(throttle.SourceAttr)
+		return v.AsString() + "/" + s.AsString()
+	}
+	v, _ := set.Value(throttle.AlgorithmAttr)
+	return v.AsString()
+}
+
+func spanAttrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+func TestGateRecordsEveryDecision(t *testing.T) {
+	tel := newTelemetry(t)
+	clock := throttletest.NewClock(throttletest.T0)
+	lim, err := window.NewMemory(throttle.Rate{Count: 2, Per: time.Second}, window.WithClock(clock))
+	require.NoError(t, err)
+	g, err := throttle.NewGate(lim, tel.options()...)
+	require.NoError(t, err)
+
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		d, err := g.Admit(ctx, "tenant-a", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	clock.Advance(400 * time.Millisecond)
+	d, err := g.Admit(ctx, "tenant-a", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, 600*time.Millisecond, d.RetryAfter)
+
+	spans := tel.spans.Ended()
+	require.Len(t, spans, 3, "one span per decision")
+	last := spans[2]
+	require.Equal(t, throttle.SpanName, last.Name())
+	require.Equal(t, codes.Unset, last.Status().Code, "a rejection is not an error")
+	attrs := spanAttrs(last)
+	require.Equal(t, "tenant-a", attrs[throttle.KeyAttr].AsString())
+	require.Equal(t, "sliding_window_log", attrs[throttle.AlgorithmAttr].AsString())
+	require.False(t, attrs[throttle.AllowedAttr].AsBool())
+	require.Equal(t, int64(0), attrs[throttle.RemainingAttr].AsInt64())
+	require.Equal(t, int64(600), attrs[throttle.RetryAfterMsAttr].AsInt64())
+	require.Equal(t, "local", attrs[throttle.SourceAttr].AsString())
+	require.Equal(t, int64(2), attrs[throttle.LimitAttr].AsInt64())
+	require.True(t, spanAttrs(spans[0])[throttle.AllowedAttr].AsBool())
+
+	require.Equal(t, map[string]int64{"admitted/local": 2, "rejected/local": 1}, tel.sums(t, throttle.DecisionsMetric))
+	require.Equal(t, uint64(3), tel.histogramCount(t, throttle.DurationMetric))
+	require.Empty(t, tel.sums(t, throttle.StoreErrorsMetric))
+}
+
+func TestGateSpanIsChildOfCaller(t *testing.T) {
+	tel := newTelemetry(t)
+	lim, err := window.NewMemory(throttle.PerSecond(1))
+	require.NoError(t, err)
+	g, err := throttle.NewGate(lim, tel.options()...)
+	require.NoError(t, err)
+	ctx, parent := tel.tp.Tracer("test").Start(context.Background(), "process orders")
+	_, err = g.Admit(ctx, "k", 1)
+	require.NoError(t, err)
+	parent.End()
+	spans := tel.spans.Ended()
+	require.Len(t, spans, 2)
+	require.Equal(t, parent.SpanContext().SpanID(), spans[0].Parent().SpanID())
+	require.Equal(t, parent.SpanContext().TraceID(), spans[0].SpanContext().TraceID())
+}
+
+var errStoreDown = errors.New("store: connection refused")
+
+func failing(context.Context, string, int) (throttle.Decision, error) {
+	return throttle.Decision{}, errStoreDown
+}
+
+func TestGateFailurePolicy(t *testing.T) {
+	tests := []struct {
+		name      string
+		opts      []throttle.Option
+		allowed   bool
+		retry     time.Duration
+		outcome   string
+		policyTag string
+	}{
+		{name: "default is fail-closed", allowed: false, retry: time.Second, outcome: "rejected/degraded", policyTag: "fail_closed"},
+		{name: "fail-closed with retry-after", opts: []throttle.Option{throttle.WithFailurePolicy(throttle.FailClosed), throttle.WithDegradedRetryAfter(250*time.Millisecond + 1)},
+			allowed: false, retry: 251 * time.Millisecond, outcome: "rejected/degraded", policyTag: "fail_closed"},
+		{name: "fail-open", opts: []throttle.Option{throttle.WithFailurePolicy(throttle.FailOpen)}, allowed: true, outcome: "admitted/degraded", policyTag: "fail_open"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tel := newTelemetry(t)
+			g, err := throttle.NewGate(throttle.LimiterFunc(failing), append(tel.options(), append(tt.opts, throttle.WithAlgorithm("test_store"))...)...)
+			require.NoError(t, err)
+			d, err := g.Admit(context.Background(), "k", 1)
+			require.NoError(t, err, "the policy decided; the error is recorded, not returned")
+			require.Equal(t, tt.allowed, d.Allowed)
+			require.Equal(t, tt.retry, d.RetryAfter)
+			require.Equal(t, throttle.SourceDegraded, d.Source)
+
+			spans := tel.spans.Ended()
+			require.Len(t, spans, 1)
+			require.Equal(t, codes.Error, spans[0].Status().Code, "a store failure is an error")
+			require.NotEmpty(t, spans[0].Events(), "the error is recorded on the span")
+			require.Equal(t, "exception", spans[0].Events()[0].Name)
+			attrs := spanAttrs(spans[0])
+			require.Equal(t, tt.policyTag, attrs[throttle.PolicyAttr].AsString())
+			require.Equal(t, "degraded", attrs[throttle.SourceAttr].AsString())
+			require.Equal(t, map[string]int64{tt.outcome: 1}, tel.sums(t, throttle.DecisionsMetric))
+			require.Equal(t, map[string]int64{"test_store": 1}, tel.sums(t, throttle.StoreErrorsMetric))
+		})
+	}
+}
+
+func TestGateUsageErrorsAreNotPolicyDecisions(t *testing.T) {
+	tel := newTelemetry(t)
+	lim, err := window.NewMemory(throttle.PerSecond(5))
+	require.NoError(t, err)
+	g, err := throttle.NewGate(lim, append(tel.options(), throttle.WithFailurePolicy(throttle.FailOpen))...)
+	require.NoError(t, err)
+	for _, n := range []int{0, -1, 6} {
+		d, err := g.Admit(context.Background(), "k", n)
+		require.ErrorIs(t, err, throttle.ErrInvalidCost, "n=%d", n)
+		require.False(t, d.Allowed, "fail-open must not admit a request that can never be admitted")
+		require.Equal(t, throttle.Never, d.RetryAfter)
+	}
+	require.Empty(t, tel.sums(t, throttle.StoreErrorsMetric), "a bad request is not a store error")
+	d, err := g.Admit(context.Background(), "k", 5)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "rejected bad requests charged nothing")
+}
+
+func TestNewGateValidates(t *testing.T) {
+	lim, err := window.NewMemory(throttle.PerSecond(1))
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		l     throttle.Limiter
+		opts  []throttle.Option
+		field string
+	}{
+		"nil limiter":          {l: nil, field: "Limiter"},
+		"unknown policy":       {l: lim, opts: []throttle.Option{throttle.WithFailurePolicy(7)}, field: "WithFailurePolicy"},
+		"zero degraded retry":  {l: lim, opts: []throttle.Option{throttle.WithDegradedRetryAfter(0)}, field: "WithDegradedRetryAfter"},
+		"negative degraded re": {l: lim, opts: []throttle.Option{throttle.WithDegradedRetryAfter(-time.Second)}, field: "WithDegradedRetryAfter"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := throttle.NewGate(tc.l, tc.opts...)
+			require.ErrorIs(t, err, throttle.ErrInvalidOption)
+			var oe *throttle.OptionError
+			require.ErrorAs(t, err, &oe)
+			require.Equal(t, tc.field, oe.Field)
+		})
+	}
+	g, err := throttle.NewGate(lim, nil, throttle.WithTracerProvider(nil), throttle.WithMeterProvider(nil))
+	require.NoError(t, err, "nil options fall back to the globals")
+	require.Equal(t, throttle.FailClosed, g.Policy())
+}
