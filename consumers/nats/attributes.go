@@ -1,0 +1,40 @@
+package natsthrottle
+
+import "go.opentelemetry.io/otel/attribute"
+
+// ScopeName is the instrumentation scope of the handler's tracer.
+const ScopeName = "github.com/queuethrottle/queuethrottle/consumers/nats"
+
+// SpanNamePrefix starts the name of every process span: "process " then
+// the message subject, as the messaging semantic conventions name a span
+// "{operation} {destination}".
+const SpanNamePrefix = "process "
+
+// Span attributes the handler sets on its process span, besides the
+// messaging ones of semconv v1.43.0.
+const (
+	// NumDeliveredAttr (int) is the message's delivery count,
+	// MsgMetadata.NumDelivered. Semconv v1.43.0 has no delivery-count key.
+	NumDeliveredAttr = attribute.Key("nats.num_delivered")
+	// DispositionAttr (string) says what the handler did with the message:
+	// one of the Disposition constants.
+	DispositionAttr = attribute.Key("throttle.disposition")
+	// HeldAttr (bool) is true when the message was held (see the package
+	// documentation) instead of NAKed.
+	HeldAttr = attribute.Key("throttle.held")
+)
+
+// Values of DispositionAttr.
+const (
+	// DispositionHandled: admitted and passed to the wrapped handler.
+	DispositionHandled = "handled"
+	// DispositionNak: rejected and NAKed with the retry-after delay (or
+	// NAKed because of a configuration error).
+	DispositionNak = "nak"
+	// DispositionTerm: never admissible (key or cost error, usage error),
+	// terminated.
+	DispositionTerm = "term"
+	// DispositionAbandoned: rejected on its last delivery and not held,
+	// because the Handler was closing; left unacknowledged.
+	DispositionAbandoned = "abandoned"
+)

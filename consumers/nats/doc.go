@@ -1,0 +1,100 @@
+// Package natsthrottle gates JetStream message handlers with a
+// throttle.Gate: every message a consumer delivers is decided before the
+// handler runs; admitted messages run, rejected ones go back to the server
+// with a delay, and every decision is traced with OpenTelemetry.
+//
+// Quick start:
+//
+//	lim, _ := window.NewMemory(throttle.PerSecond(20))
+//	gate, _ := throttle.NewGate(lim)
+//	h, err := natsthrottle.New(handle, gate, natsthrottle.WithConsumerConfig(consumerConfig))
+//	cc, _ := consumer.Consume(h.Handle)
+//	...
+//	cc.Drain()
+//	h.Close(ctx)
+//
+// NewHandler is the same without Close and without an error return.
+//
+// # Each message
+//
+// The handler extracts the producer's trace context from the message
+// headers with the configured propagator (default the global one) through
+// a HeaderCarrier, which matches `traceparent` whatever its case, and
+// starts a CONSUMER span named "process <subject>" as its child. The span
+// carries the messaging attributes of semconv v1.43.0: messaging.system
+// "nats", messaging.destination.name (the subject), messaging.operation.type
+// "process", messaging.operation.name "process", messaging.message.body.size,
+// and, for a JetStream message, messaging.message.id (the stream sequence),
+// messaging.consumer.group.name (the consumer) and nats.num_delivered (the
+// delivery count, NumDeliveredAttr). It also carries throttle.disposition
+// (DispositionAttr) and, for a held message, throttle.held. The Gate's
+// decision span, throttle.admit, is a child of the process span. The
+// wrapped handler can get the span's context with ContextFromMsg.
+//
+// The key (default: the subject; WithKeyFunc) and cost (default 1;
+// WithCostFunc) of the message go to Gate.Admit. Then:
+//
+//   - Admitted: the wrapped handler runs and owns the acknowledgement.
+//   - Rejected: the message is NAKed with the decision's RetryAfter plus a
+//     jitter (WithJitter; default up to 10% of RetryAfter, at most 100 ms),
+//     and the wrapped handler does not run. A rejection is not an error:
+//     the span status stays unset.
+//   - Rejected on its last delivery: held, see below.
+//   - Never admissible: a key or cost function error, or a request the
+//     Gate refuses as a usage error (throttle.IsUsageError: a cost above the
+//     limit, a key the limiter cannot use). Retrying cannot help, so the
+//     message is terminated with TermWithReason (the reason shows in the
+//     server's MSG_TERMINATED advisory) and the error, wrapping
+//     throttle.ErrInvalidKey or throttle.ErrInvalidCost, goes to the error
+//     handler. Note that Term counts as an acknowledgement: on a WorkQueue
+//     or Interest stream the message may be removed.
+//
+// Errors (a failed Nak, InProgress or Term, the errors above, ErrClosed)
+// go to the error handler (WithErrorHandler; default none), to the logger
+// (WithLogger; default none) and to the span (RecordError, status Error).
+//
+// A message whose Metadata fails (not a JetStream message) is still
+// decided; its delivery count is unknown, so it is never held.
+//
+// # MaxDeliver, AckWait and holding
+//
+// Every NAK, with or without a delay, uses one of the consumer's
+// MaxDeliver deliveries, and a message NAKed on its last delivery is not
+// delivered to the consumer again (the server emits a MAX_DELIVERIES
+// advisory; the message stays in the stream). Throttling alone must never
+// do that, so the handler needs the consumer's MaxDeliver, AckWait and
+// BackOff: pass them with WithConsumerConfig. Without it MaxDeliver is
+// taken as unlimited.
+//
+// A rejected message whose NumDelivered has reached MaxDeliver is not
+// NAKed but held: a goroutine of its own keeps it from redelivery with
+// InProgress heartbeats (by default every third of the shortest of
+// AckWait, default 30 s, and the BackOff entries; WithHeartbeatInterval),
+// which reset the server's ack timer without using a delivery, and asks
+// the Gate again each time the retry-after (plus jitter) has passed, until
+// the message is admitted. Then the wrapped handler runs on that goroutine,
+// after one more InProgress so it has a full AckWait. Set MaxDeliver high
+// enough for real failures: throttling uses the deliveries below the last
+// one, and holds messages on the last. A message admitted after being held
+// is on its last delivery: if the wrapped handler NAKs it or lets AckWait
+// pass, the server will not deliver it to the consumer again.
+//
+// So the wrapped handler may run on the Consume callback goroutine and on
+// held-message goroutines at the same time: it must be safe for concurrent
+// use. The Consume callback itself never waits for a retry-after: a held
+// message does not delay the decisions on the messages behind it. Held
+// messages count against the consumer's MaxAckPending.
+//
+// Close stops holding: it waits, up to its context, for the held messages
+// to be admitted and handled; those still held when the context ends are
+// left unacknowledged and reported with ErrClosed. Being on their last
+// delivery, the server will not deliver them to this consumer again after
+// AckWait (they stay in the stream). Give Close enough time.
+//
+// # Configuration errors
+//
+// New validates and returns errors wrapping throttle.ErrInvalidOption.
+// NewHandler has no error return and does not panic: with a bad
+// configuration it returns a handler that NAKs every message with
+// ConfigErrorDelay and reports the configuration error for each one.
+package natsthrottle

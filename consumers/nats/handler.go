@@ -1,0 +1,429 @@
+package natsthrottle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// ErrClosed is reported to the error handler for a message that was
+// rejected on its last delivery while the Handler was closing (or when
+// Close gave up holding it): it is left unacknowledged, and the server
+// will not deliver it to this consumer again after AckWait (it stays in
+// the stream).
+var ErrClosed = errors.New("natsthrottle: handler closed")
+
+// errorRetry is the retry-after used when the Gate returns an error that
+// is not a usage error (only a done context, which the handler never
+// passes).
+const errorRetry = time.Second
+
+// Handler gates a jetstream.MessageHandler with a throttle.Gate. Its
+// Handle method is a jetstream.MessageHandler to pass to Consume. It is
+// safe for concurrent use. The zero Handler is not usable: every message
+// it sees is NAKed with ConfigErrorDelay, as for a bad configuration; use
+// New.
+type Handler struct {
+	next      jetstream.MessageHandler
+	gate      *throttle.Gate
+	cfg       config
+	tracer    trace.Tracer
+	heartbeat time.Duration
+
+	mu      sync.Mutex
+	closing bool
+	wg      sync.WaitGroup // held-message goroutines, whole lifetime
+	holding sync.WaitGroup // held-message goroutines, until they stop holding
+	stop    chan struct{}  // closed when Close gives up waiting
+	stopped sync.Once
+
+	held       atomic.Int64 // messages in the hold loop
+	heartbeats atomic.Int64 // InProgress sent for held messages
+}
+
+// New returns a Handler that gates next with g. next and g are required;
+// errors wrap throttle.ErrInvalidOption and name the field. See the package
+// documentation for what happens to each message.
+func New(next jetstream.MessageHandler, g *throttle.Gate, opts ...Option) (*Handler, error) {
+	h, err := build(next, g, opts)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// NewHandler returns a jetstream.MessageHandler that gates h with g: New
+// without the error return and without Close.
+//
+// NewHandler cannot return an error, and it does not panic. If h or g is
+// nil or an option is invalid, the returned handler admits nothing and
+// loses nothing: it NAKs every message with ConfigErrorDelay, and reports
+// the configuration error (wrapping throttle.ErrInvalidOption) to the error
+// handler, to the logger and on the message's span, for every message.
+// Use New to catch such errors at start-up.
+func NewHandler(h jetstream.MessageHandler, g *throttle.Gate, opts ...Option) jetstream.MessageHandler {
+	hd, err := build(h, g, opts)
+	if err != nil {
+		return hd.misconfigured(err)
+	}
+	return hd.Handle
+}
+
+// build returns a Handler even on error, configured as far as the options
+// allowed, so that a configuration error can be reported.
+func build(next jetstream.MessageHandler, g *throttle.Gate, opts []Option) (*Handler, error) {
+	cfg, err := newConfig(opts)
+	h := &Handler{
+		next:      next,
+		gate:      g,
+		cfg:       cfg,
+		heartbeat: cfg.heartbeatInterval(),
+		stop:      make(chan struct{}),
+		tracer: cfg.tracerProvider.Tracer(ScopeName,
+			trace.WithInstrumentationVersion(throttle.Version),
+			trace.WithSchemaURL(semconv.SchemaURL)),
+	}
+	switch {
+	case err != nil:
+	case next == nil:
+		err = &throttle.OptionError{Field: "handler", Reason: "must not be nil"}
+	case g == nil:
+		err = &throttle.OptionError{Field: "Gate", Reason: "must not be nil"}
+	}
+	return h, err
+}
+
+// misconfigured returns the handler of a bad configuration.
+func (h *Handler) misconfigured(err error) jetstream.MessageHandler {
+	return func(msg jetstream.Msg) {
+		if msg == nil {
+			return
+		}
+		ctx, span := h.startSpan(msg)
+		defer span.End()
+		h.fail(ctx, span, msg, err)
+		h.nak(ctx, span, msg, ConfigErrorDelay, false)
+	}
+}
+
+// Held returns how many messages are held right now: rejected on their last
+// delivery and waiting on their own goroutine for their retry-after.
+func (h *Handler) Held() int { return int(h.held.Load()) }
+
+// Handle gates one message; it is a jetstream.MessageHandler. It decides
+// on the calling goroutine and returns once the message is handled, NAKed,
+// terminated, or handed to a goroutine that holds it (see the package
+// documentation); it never waits for a retry-after.
+func (h *Handler) Handle(msg jetstream.Msg) {
+	if msg == nil {
+		return
+	}
+	if h.next == nil || h.gate == nil || h.tracer == nil {
+		// The zero Handler (New never returns one without these).
+		zero, _ := build(nil, nil, nil)
+		zero.misconfigured(&throttle.OptionError{Field: "Handler", Reason: "not built by New (zero Handler)"})(msg)
+		return
+	}
+	ctx, span := h.startSpan(msg)
+	key, cost, err := h.request(msg)
+	if err != nil {
+		h.terminate(ctx, span, msg, err)
+		span.End()
+		return
+	}
+	d, err := h.gate.Admit(ctx, key, cost)
+	retry, done := h.decided(ctx, span, msg, d, err)
+	if done {
+		span.End()
+		return
+	}
+	if !h.lastDelivery(msg) {
+		h.nak(ctx, span, msg, retry, true)
+		span.End()
+		return
+	}
+
+	// Last delivery: a NAK would make the server drop the message for this
+	// consumer (MaxDeliver), so hold it instead, on its own goroutine.
+	h.mu.Lock()
+	if h.closing {
+		h.mu.Unlock()
+		h.abandon(ctx, span, msg)
+		span.End()
+		return
+	}
+	h.wg.Add(1)
+	h.holding.Add(1)
+	h.held.Add(1)
+	h.mu.Unlock()
+	d.RetryAfter = retry
+	go h.hold(ctx, span, msg, key, cost, d)
+}
+
+// decided handles an admission, a usage error or a never-admissible
+// rejection, and reports done. Otherwise it returns the retry-after of the
+// rejection.
+func (h *Handler) decided(ctx context.Context, span trace.Span, msg jetstream.Msg, d throttle.Decision, err error) (time.Duration, bool) {
+	switch {
+	case err != nil && throttle.IsUsageError(err):
+		h.terminate(ctx, span, msg, err)
+		return 0, true
+	case err != nil:
+		// Not expected: the context never ends. Retry later.
+		h.fail(ctx, span, msg, fmt.Errorf("natsthrottle: admit: %w", err))
+		return errorRetry, false
+	case d.Allowed:
+		span.SetAttributes(DispositionAttr.String(DispositionHandled))
+		h.next(&tracedMsg{Msg: msg, ctx: ctx})
+		return 0, true
+	case d.RetryAfter == throttle.Never:
+		h.terminate(ctx, span, msg, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
+		return 0, true
+	}
+	return d.RetryAfter, false
+}
+
+// lastDelivery reports whether the server would not redeliver msg after a
+// NAK: MaxDeliver is set and NumDelivered has reached it. Without metadata
+// the delivery count is unknown and msg is treated as not the last.
+func (h *Handler) lastDelivery(msg jetstream.Msg) bool {
+	if h.cfg.maxDeliver <= 0 {
+		return false
+	}
+	md, err := msg.Metadata()
+	return err == nil && md.NumDelivered >= uint64(h.cfg.maxDeliver)
+}
+
+// request derives the key and cost of msg.
+func (h *Handler) request(msg jetstream.Msg) (string, int, error) {
+	key, err := h.cfg.keyFunc(msg)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: key function: %w", throttle.ErrInvalidKey, err)
+	}
+	cost := 1
+	if h.cfg.costFunc != nil {
+		if cost, err = h.cfg.costFunc(msg); err != nil {
+			return "", 0, fmt.Errorf("%w: cost function: %w", throttle.ErrInvalidCost, err)
+		}
+	}
+	return key, cost, nil
+}
+
+// hold keeps msg, on its last delivery, from the server's redelivery with
+// InProgress heartbeats, and asks the Gate again each time its retry-after
+// has passed, until it is admitted (then runs the wrapped handler), can
+// never be admitted (Term), or Close gives up (left unacknowledged).
+func (h *Handler) hold(ctx context.Context, span trace.Span, msg jetstream.Msg, key string, cost int, d throttle.Decision) {
+	defer h.wg.Done()
+	defer span.End()
+	span.SetAttributes(HeldAttr.Bool(true))
+	if h.cfg.logger != nil {
+		h.cfg.logger.DebugContext(ctx, "natsthrottle: holding message on its last delivery",
+			slog.String("subject", msg.Subject()), slog.Duration("retry_after", d.RetryAfter))
+	}
+	// The message may have waited in the client's buffer: renew its ack
+	// timer at once.
+	h.inProgress(ctx, span, msg)
+	timer := time.NewTimer(h.delay(d.RetryAfter))
+	defer timer.Stop()
+	ticker := time.NewTicker(h.heartbeat)
+	defer ticker.Stop()
+	holding := true
+	release := func() {
+		if holding {
+			holding = false
+			h.held.Add(-1)
+			h.holding.Done()
+		}
+	}
+	defer release()
+	for {
+		select {
+		case <-h.stop:
+			h.abandon(ctx, span, msg)
+			return
+		case <-ticker.C:
+			h.inProgress(ctx, span, msg)
+			continue
+		case <-timer.C:
+		}
+		select {
+		case <-h.stop:
+			h.abandon(ctx, span, msg)
+			return
+		default:
+		}
+		d, err := h.gate.Admit(ctx, key, cost)
+		if err == nil && d.Allowed {
+			// Give the wrapped handler a full AckWait.
+			h.inProgress(ctx, span, msg)
+			release()
+		}
+		retry, done := h.decided(ctx, span, msg, d, err)
+		if done {
+			return
+		}
+		timer.Reset(h.delay(retry))
+	}
+}
+
+// Close stops holding messages. Messages that arrive after Close and are
+// rejected on their last delivery are not held: they are left
+// unacknowledged and reported with ErrClosed. Close waits until every held
+// message has been admitted and handled (or terminated), or until ctx is
+// done; then the messages still held are given up: left unacknowledged,
+// each reported with ErrClosed (the server will not deliver them to this
+// consumer again once AckWait passes: they were on their last delivery),
+// and Close returns ctx.Err(). A wrapped handler already running is not
+// interrupted and may still be running when Close returns after ctx is
+// done. Stop or drain the ConsumeContext first. Close is safe to call more
+// than once.
+func (h *Handler) Close(ctx context.Context) error {
+	h.mu.Lock()
+	h.closing = true
+	h.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	h.stopped.Do(func() {
+		if h.stop != nil { // nil in the zero Handler, which holds nothing
+			close(h.stop)
+		}
+	})
+	// Goroutines still holding see stop at once; wait for them, not for
+	// wrapped handlers already running.
+	h.holding.Wait()
+	return ctx.Err()
+}
+
+// delay is retryAfter plus jitter.
+func (h *Handler) delay(retryAfter time.Duration) time.Duration {
+	j := min(time.Duration(float64(retryAfter)*h.cfg.jitterFraction), h.cfg.jitterMax)
+	if j > 0 {
+		retryAfter += rand.N(j + 1)
+	}
+	return retryAfter
+}
+
+func (h *Handler) nak(ctx context.Context, span trace.Span, msg jetstream.Msg, retryAfter time.Duration, jitter bool) {
+	span.SetAttributes(DispositionAttr.String(DispositionNak))
+	d := retryAfter
+	if jitter {
+		d = h.delay(retryAfter)
+	}
+	if err := msg.NakWithDelay(d); err != nil {
+		h.fail(ctx, span, msg, fmt.Errorf("natsthrottle: nak with delay %v: %w", d, err))
+	}
+}
+
+func (h *Handler) inProgress(ctx context.Context, span trace.Span, msg jetstream.Msg) {
+	h.heartbeats.Add(1)
+	if err := msg.InProgress(); err != nil {
+		h.fail(ctx, span, msg, fmt.Errorf("natsthrottle: in progress: %w", err))
+	}
+}
+
+// terminate reports cause and terminates msg, which can never be admitted.
+func (h *Handler) terminate(ctx context.Context, span trace.Span, msg jetstream.Msg, cause error) {
+	span.SetAttributes(DispositionAttr.String(DispositionTerm))
+	h.fail(ctx, span, msg, cause)
+	if err := msg.TermWithReason(termReason(cause)); err != nil {
+		h.fail(ctx, span, msg, fmt.Errorf("natsthrottle: term: %w", err))
+	}
+}
+
+// termReason is the reason sent with Term, shown in the server's
+// MSG_TERMINATED advisory: the error text, cut to 200 bytes.
+func termReason(err error) string {
+	s := "natsthrottle: never admissible: " + err.Error()
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}
+
+func (h *Handler) abandon(ctx context.Context, span trace.Span, msg jetstream.Msg) {
+	span.SetAttributes(DispositionAttr.String(DispositionAbandoned))
+	n := "unknown"
+	if md, err := msg.Metadata(); err == nil {
+		n = strconv.FormatUint(md.NumDelivered, 10)
+	}
+	h.fail(ctx, span, msg, fmt.Errorf("%w: message rejected on its last delivery (%s of MaxDeliver %d) left unacknowledged",
+		ErrClosed, n, h.cfg.maxDeliver))
+}
+
+// fail reports err for msg: span, error handler, logger.
+func (h *Handler) fail(ctx context.Context, span trace.Span, msg jetstream.Msg, err error) {
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+	if h.cfg.onError != nil {
+		h.cfg.onError(msg, err)
+	}
+	if h.cfg.logger != nil {
+		h.cfg.logger.ErrorContext(ctx, "natsthrottle: message error",
+			slog.String("subject", msg.Subject()), slog.Any("error", err))
+	}
+}
+
+// startSpan extracts the producer's trace context from the headers and
+// starts the process span as its child.
+func (h *Handler) startSpan(msg jetstream.Msg) (context.Context, trace.Span) {
+	ctx := h.cfg.propagators.Extract(context.Background(), HeaderCarrier(msg.Headers()))
+	subject := msg.Subject()
+	attrs := make([]attribute.KeyValue, 0, 8)
+	attrs = append(attrs,
+		semconv.MessagingSystemKey.String("nats"),
+		semconv.MessagingDestinationName(subject),
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingMessageBodySize(len(msg.Data())),
+	)
+	if md, err := msg.Metadata(); err == nil {
+		attrs = append(attrs,
+			semconv.MessagingMessageID(strconv.FormatUint(md.Sequence.Stream, 10)),
+			semconv.MessagingConsumerGroupName(md.Consumer),
+			NumDeliveredAttr.Int64(int64(md.NumDelivered)),
+		)
+	}
+	return h.tracer.Start(ctx, SpanNamePrefix+subject,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attrs...))
+}
+
+// tracedMsg is the message passed to the wrapped handler: the original,
+// carrying the context of its process span.
+type tracedMsg struct {
+	jetstream.Msg
+	ctx context.Context
+}
+
+// ContextFromMsg returns the context of the process span of a message the
+// Handler passed to the wrapped handler, so the handler's own spans become
+// its children. For any other message it returns context.Background().
+func ContextFromMsg(msg jetstream.Msg) context.Context {
+	if m, ok := msg.(*tracedMsg); ok {
+		return m.ctx
+	}
+	return context.Background()
+}

@@ -1,0 +1,241 @@
+package natsthrottle
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// Defaults of the options.
+const (
+	// DefaultAckWait is the AckWait assumed when WithConsumerConfig is not
+	// given or its AckWait is 0: the server's default.
+	DefaultAckWait = 30 * time.Second
+	// DefaultJitterFraction and DefaultJitterMax bound the random delay
+	// added to every NAK delay and hold: up to 10% of the retry-after, at
+	// most 100 ms.
+	DefaultJitterFraction = 0.1
+	DefaultJitterMax      = 100 * time.Millisecond
+	// ConfigErrorDelay is the NAK delay of every message seen by a handler
+	// that NewHandler built from a bad configuration (see NewHandler).
+	ConfigErrorDelay = 5 * time.Second
+	// minHeartbeat is the shortest interval between InProgress heartbeats.
+	minHeartbeat = 10 * time.Millisecond
+)
+
+// Option configures a Handler. Options that get a nil value keep the
+// default.
+type Option interface{ apply(*config) error }
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+type config struct {
+	keyFunc        func(jetstream.Msg) (string, error)
+	costFunc       func(jetstream.Msg) (int, error)
+	maxDeliver     int
+	ackWait        time.Duration
+	backOff        []time.Duration
+	heartbeat      time.Duration // 0: derived from ackWait and backOff
+	jitterFraction float64
+	jitterMax      time.Duration
+	tracerProvider trace.TracerProvider
+	propagators    propagation.TextMapPropagator
+	onError        func(jetstream.Msg, error)
+	logger         *slog.Logger
+}
+
+func subjectKey(m jetstream.Msg) (string, error) { return m.Subject(), nil }
+
+// newConfig applies opts over the defaults. It applies every option even
+// after one fails, so that the error handler, logger and tracer of a bad
+// configuration can still report it; the first error is returned.
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		keyFunc:        subjectKey,
+		ackWait:        DefaultAckWait,
+		jitterFraction: DefaultJitterFraction,
+		jitterMax:      DefaultJitterMax,
+	}
+	var first error
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&c); err != nil && first == nil {
+			first = err
+		}
+	}
+	if c.tracerProvider == nil {
+		c.tracerProvider = otel.GetTracerProvider()
+	}
+	if c.propagators == nil {
+		c.propagators = otel.GetTextMapPropagator()
+	}
+	return c, first
+}
+
+// heartbeatInterval is how often a held message is sent InProgress: a third
+// of the shortest time the server may wait for an ack (AckWait, or the
+// shortest BackOff entry when BackOff is set), and at least 10 ms.
+func (c *config) heartbeatInterval() time.Duration {
+	if c.heartbeat > 0 {
+		return c.heartbeat
+	}
+	d := c.ackWait
+	for _, b := range c.backOff {
+		d = min(d, b)
+	}
+	return max(d/3, minHeartbeat)
+}
+
+// WithKeyFunc sets how a message's limiter key is derived. The default is
+// the message subject. A key function that returns an error marks the
+// message as one that can never be admitted: it is terminated (see the
+// package documentation). Nil keeps the default.
+func WithKeyFunc(f func(jetstream.Msg) (string, error)) Option {
+	return optionFunc(func(c *config) error {
+		if f != nil {
+			c.keyFunc = f
+		}
+		return nil
+	})
+}
+
+// WithCostFunc sets the cost n charged for a message. The default charges
+// 1 per message. An error, like a cost the limiter refuses (n < 1 or more
+// than its limit), terminates the message. Nil keeps the default.
+func WithCostFunc(f func(jetstream.Msg) (int, error)) Option {
+	return optionFunc(func(c *config) error {
+		if f != nil {
+			c.costFunc = f
+		}
+		return nil
+	})
+}
+
+// WithConsumerConfig tells the handler the consumer's MaxDeliver, AckWait
+// and BackOff, which it needs to keep throttling from using up deliveries:
+// pass the config the consumer was created with (or
+// consumer.CachedInfo().Config). Other fields are ignored.
+//
+// MaxDeliver <= 0 means unlimited (the server's default, -1); AckWait 0
+// means the server default of 30 s. Without this option the handler assumes
+// an unlimited MaxDeliver and so never holds a message. AckWait < 0,
+// MaxDeliver < -1 or a BackOff entry <= 0 is an error wrapping
+// throttle.ErrInvalidOption.
+func WithConsumerConfig(cfg jetstream.ConsumerConfig) Option {
+	return optionFunc(func(c *config) error {
+		if cfg.AckWait < 0 {
+			return &throttle.OptionError{Field: "WithConsumerConfig.AckWait", Reason: fmt.Sprintf("must be >= 0, got %v", cfg.AckWait)}
+		}
+		if cfg.MaxDeliver < -1 {
+			return &throttle.OptionError{Field: "WithConsumerConfig.MaxDeliver", Reason: fmt.Sprintf("must be >= -1, got %d", cfg.MaxDeliver)}
+		}
+		for i, b := range cfg.BackOff {
+			if b <= 0 {
+				return &throttle.OptionError{Field: "WithConsumerConfig.BackOff", Reason: fmt.Sprintf("entry %d must be > 0, got %v", i, b)}
+			}
+		}
+		c.maxDeliver = max(cfg.MaxDeliver, 0)
+		c.ackWait = cfg.AckWait
+		if c.ackWait == 0 {
+			c.ackWait = DefaultAckWait
+		}
+		c.backOff = append([]time.Duration(nil), cfg.BackOff...)
+		return nil
+	})
+}
+
+// WithHeartbeatInterval sets how often a held message is reported
+// InProgress. The default is a third of the shortest of AckWait and the
+// BackOff entries, and at least 10 ms. d must be > 0 and should be well
+// below AckWait; otherwise the error wraps throttle.ErrInvalidOption.
+func WithHeartbeatInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return &throttle.OptionError{Field: "WithHeartbeatInterval", Reason: fmt.Sprintf("must be > 0, got %v", d)}
+		}
+		c.heartbeat = d
+		return nil
+	})
+}
+
+// WithJitter sets the random delay added to the retry-after of every NAK
+// and hold, so that messages rejected together do not come back together:
+// uniform in [0, min(fraction*RetryAfter, maxJitter)]. The default is 0.1
+// and 100 ms; WithJitter(0, 0) turns jitter off. fraction must be in
+// [0, 1] and maxJitter >= 0; otherwise the error wraps
+// throttle.ErrInvalidOption.
+func WithJitter(fraction float64, maxJitter time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if !(fraction >= 0 && fraction <= 1) {
+			return &throttle.OptionError{Field: "WithJitter.fraction", Reason: fmt.Sprintf("must be in [0, 1], got %v", fraction)}
+		}
+		if maxJitter < 0 {
+			return &throttle.OptionError{Field: "WithJitter.maxJitter", Reason: fmt.Sprintf("must be >= 0, got %v", maxJitter)}
+		}
+		c.jitterFraction, c.jitterMax = fraction, maxJitter
+		return nil
+	})
+}
+
+// WithTracerProvider sets the provider of the process spans. Nil means the
+// global provider (otel.GetTracerProvider()). The Gate's decision spans
+// come from the Gate's own provider.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) error {
+		if tp != nil {
+			c.tracerProvider = tp
+		}
+		return nil
+	})
+}
+
+// WithPropagators sets the propagator that extracts the producer's trace
+// context from the message headers. Nil means the global propagator
+// (otel.GetTextMapPropagator()).
+func WithPropagators(p propagation.TextMapPropagator) Option {
+	return optionFunc(func(c *config) error {
+		if p != nil {
+			c.propagators = p
+		}
+		return nil
+	})
+}
+
+// WithErrorHandler sets a function called with every error the handler
+// meets for a message: a failed Nak, InProgress or Term, a key or cost
+// function error, a request the Gate refuses as a usage error, a held
+// message abandoned by Close (ErrClosed), a bad configuration. A rejection
+// is not an error. f may be called from the Consume callback and from
+// held-message goroutines at the same time. The default does nothing. Nil
+// keeps the default.
+func WithErrorHandler(f func(jetstream.Msg, error)) Option {
+	return optionFunc(func(c *config) error {
+		if f != nil {
+			c.onError = f
+		}
+		return nil
+	})
+}
+
+// WithLogger makes the handler log every error it reports (see
+// WithErrorHandler) at level Error, and held messages at level Debug.
+// By default it logs nothing. Nil keeps the default.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) error {
+		if l != nil {
+			c.logger = l
+		}
+		return nil
+	})
+}

@@ -1,0 +1,572 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	natsthrottle "github.com/queuethrottle/queuethrottle/consumers/nats"
+	"github.com/queuethrottle/queuethrottle/internal/natsserver"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
+)
+
+// Names of what the worker creates on the NATS server. On an external
+// server (-nats) a stream of this name is deleted at start and at the end.
+const (
+	streamName    = "QT_EXAMPLE_JOBS"
+	subjectPrefix = "jobs."
+	durableName   = "worker"
+	scopeName     = "github.com/queuethrottle/queuethrottle/examples/worker"
+)
+
+// consumerConfig is the durable pull consumer of the worker. The same
+// config goes to natsthrottle (WithConsumerConfig), so the throttle knows
+// MaxDeliver and AckWait: it never NAKs a message into its last delivery
+// but holds it instead.
+func consumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       durableName,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       5 * time.Second,
+		MaxDeliver:    5,
+		FilterSubject: subjectPrefix + ">",
+	}
+}
+
+// tenantOf is the throttle key of a message: the tenant in jobs.<tenant>.
+func tenantOf(subject string) (string, error) {
+	t, ok := strings.CutPrefix(subject, subjectPrefix)
+	if !ok || t == "" || strings.Contains(t, ".") {
+		return "", fmt.Errorf("subject %q is not %s<tenant>", subject, subjectPrefix)
+	}
+	return t, nil
+}
+
+// work runs the whole example and returns the report; run turns a failed
+// check into an error. Everything it starts is stopped before it returns,
+// and before the summary is printed (spans go to out and are flushed
+// first).
+func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
+	out := &syncWriter{w: stdout}
+	jf, err := loadJobs(cfg.JobsPath)
+	if err != nil {
+		return report{}, err
+	}
+	defRate, err := throttle.ParseRate(cfg.Rate)
+	if err != nil {
+		return report{}, fmt.Errorf("-rate: %w", err)
+	}
+	rateOf := func(tenant string) throttle.Rate {
+		if r, ok := jf.Rates[tenant]; ok {
+			return r
+		}
+		return defRate
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultConfig().Timeout
+	}
+	if cfg.Progress <= 0 {
+		cfg.Progress = defaultConfig().Progress
+	}
+
+	var cl closers
+	defer cl.run()
+	tp, err := tracing(cfg.Trace, out, &cl)
+	if err != nil {
+		return report{}, err
+	}
+	lim, windowName, err := newLimiter(ctx, cfg.RedisURL, jf.tenants(), rateOf, &cl)
+	if err != nil {
+		return report{}, err
+	}
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp))
+	if err != nil {
+		return report{}, err
+	}
+	nc, natsName, err := connect(cfg.NATSURL, &cl)
+	if err != nil {
+		return report{}, err
+	}
+	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", &cl)
+	if err != nil {
+		return report{}, err
+	}
+
+	start := time.Now()
+	rec := newRecorder(start, len(jf.Jobs))
+	// The limit is checked at the admissions, not at handler starts: a
+	// handler may start a little after its admission (a held message runs
+	// on its own goroutine), which can bunch handler starts beyond the
+	// limit while the admissions respect it.
+	lim.admitted = rec.admitted
+
+	// Messages the server stops delivering (MaxDeliver reached) are lost
+	// to this consumer: count them, and stop waiting for them.
+	advSub, err := nc.Subscribe(jetstream.DefaultAPIPrefix+"EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+streamName+"."+durableName, func(m *nats.Msg) {
+		var adv struct {
+			StreamSeq uint64 `json:"stream_seq"`
+		}
+		if json.Unmarshal(m.Data, &adv) == nil {
+			rec.maxDelivered(adv.StreamSeq)
+		}
+	})
+	if err != nil {
+		return report{}, err
+	}
+	cl.add(func() { advSub.Unsubscribe() })
+
+	// The worker: the job handler gated by the throttle.
+	tracer := tp.Tracer(scopeName)
+	w := &worker{rec: rec, tracer: tracer}
+	throttled, err := natsthrottle.New(w.handle, gate,
+		natsthrottle.WithKeyFunc(func(m jetstream.Msg) (string, error) { return tenantOf(m.Subject()) }),
+		natsthrottle.WithCostFunc(jobCost),
+		natsthrottle.WithConsumerConfig(consumerConfig()),
+		natsthrottle.WithTracerProvider(tp),
+		natsthrottle.WithPropagators(propagation.TraceContext{}),
+		natsthrottle.WithErrorHandler(func(m jetstream.Msg, err error) { w.throttleErrs.add(m.Subject(), err) }),
+	)
+	if err != nil {
+		return report{}, err
+	}
+	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
+		tenant, _ := tenantOf(m.Subject())
+		throttled.Handle(observedMsg{Msg: m, rec: rec, tenant: tenant})
+	})
+	if err != nil {
+		return report{}, fmt.Errorf("consume: %w", err)
+	}
+	// Stop pulling, then wait for the messages the throttle holds.
+	stopConsumer := sync.OnceFunc(func() {
+		consumeCtx.Stop()
+		select {
+		case <-consumeCtx.Closed():
+		case <-time.After(10 * time.Second):
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		throttled.Close(cctx)
+	})
+	cl.add(stopConsumer)
+
+	var overrides []string
+	for _, t := range jf.tenants() {
+		if r, ok := jf.Rates[t]; ok {
+			overrides = append(overrides, t+" "+r.String())
+		}
+	}
+	limits := fmt.Sprintf("limit %v per tenant", defRate)
+	if len(overrides) > 0 {
+		limits += " (" + strings.Join(overrides, ", ") + ")"
+	}
+	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s\n",
+		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), windowName, limits)
+
+	// Publish the jobs at their arrival offsets, and wait.
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	pubDone := make(chan error, 1)
+	go func() {
+		pubDone <- publish(pctx, js, tracer, propagation.TraceContext{}, jf.Jobs, start, rec)
+	}()
+	stopReason, pubErr, pubReturned := wait(ctx, cfg, rec, pubDone, out)
+	pcancel()
+	if !pubReturned {
+		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {
+			pubErr = err
+		}
+	}
+
+	stopConsumer()
+	info := ""
+	ictx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ci, err := cons.Info(ictx); err == nil {
+		info = fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending)
+	}
+	cl.run()
+
+	if stopReason != "" {
+		fmt.Fprintln(out, "stopped early:", stopReason)
+	}
+	if info != "" {
+		fmt.Fprintln(out, info)
+	}
+	w.handlerErrs.print(out, "handler error")
+	w.throttleErrs.print(out, "throttle error")
+	rep := rec.summarize(jf.Jobs, rateOf)
+	rep.print(out)
+	if pubErr != nil {
+		return rep, fmt.Errorf("publish: %w", pubErr)
+	}
+	return rep, nil
+}
+
+// wait prints a progress line every cfg.Progress until every job is handled
+// (or lost), publishing fails, cfg.Timeout passes or ctx is done. It
+// returns why it stopped early ("" when every job was handled or lost), the
+// publishing error, and whether it received the publisher's result.
+func wait(ctx context.Context, cfg config, rec *recorder, pubDone <-chan error, out io.Writer) (stopReason string, pubErr error, pubReturned bool) {
+	progress := time.NewTicker(cfg.Progress)
+	defer progress.Stop()
+	timeout := time.NewTimer(cfg.Timeout)
+	defer timeout.Stop()
+	for {
+		select {
+		case <-rec.complete:
+			return "", nil, pubReturned
+		case err := <-pubDone:
+			pubDone, pubReturned = nil, true
+			if err != nil {
+				return "publishing failed: " + err.Error(), err, true
+			}
+		case <-progress.C:
+			fmt.Fprintln(out, rec.progressLine())
+		case <-timeout.C:
+			return fmt.Sprintf("timed out after %v", cfg.Timeout), nil, pubReturned
+		case <-ctx.Done():
+			return "interrupted", nil, pubReturned
+		}
+	}
+}
+
+// closers are cleanup functions, run last in, first out.
+type closers struct{ fs []func() }
+
+func (c *closers) add(f func()) { c.fs = append(c.fs, f) }
+
+// run runs the functions added so far, once.
+func (c *closers) run() {
+	for i := len(c.fs) - 1; i >= 0; i-- {
+		c.fs[i]()
+	}
+	c.fs = nil
+}
+
+// tracing returns the tracer provider for -trace: a no-op provider, or one
+// that prints spans to out with the stdout exporter and is flushed and shut
+// down by cl.
+func tracing(mode string, out io.Writer, cl *closers) (trace.TracerProvider, error) {
+	switch mode {
+	case "":
+		return noop.NewTracerProvider(), nil
+	case "stdout":
+		exp, err := stdouttrace.New(stdouttrace.WithWriter(out))
+		if err != nil {
+			return nil, fmt.Errorf("trace exporter: %w", err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
+		cl.add(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(ctx); err != nil {
+				fmt.Fprintln(out, "trace shutdown:", err)
+			}
+		})
+		return tp, nil
+	default:
+		return nil, fmt.Errorf(`-trace: %q is not supported (use "stdout")`, mode)
+	}
+}
+
+// newLimiter returns the per-tenant limiter and a description of its
+// windows: in-memory, or in Redis at redisURL (keys under a prefix of their
+// own for this run). The Redis client is closed by cl.
+func newLimiter(ctx context.Context, redisURL string, tenants []string, rateOf func(string) throttle.Rate, cl *closers) (*tenantLimiter, string, error) {
+	if redisURL == "" {
+		lim, err := newTenantLimiter(tenants, rateOf, func(r throttle.Rate) (throttle.Limiter, error) { return window.NewMemory(r) })
+		return lim, "in-memory window", err
+	}
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("-redis: %w", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	rc := redis.NewClient(opt)
+	cl.add(func() { rc.Close() })
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := rc.Ping(pctx).Err(); err != nil {
+		return nil, "", fmt.Errorf("-redis: ping %s: %w", opt.Addr, err)
+	}
+	prefix := "queuethrottle:example:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	lim, err := newTenantLimiter(tenants, rateOf, func(r throttle.Rate) (throttle.Limiter, error) {
+		return window.NewRedis(rc, r, window.WithPrefix(prefix))
+	})
+	return lim, "Redis window at " + opt.Addr, err
+}
+
+// connect connects to the NATS server at url or, if url is empty, to an
+// embedded server with JetStream whose store is in a new temporary
+// directory. cl drains the connection, then shuts the server down and
+// removes the directory.
+func connect(url string, cl *closers) (*nats.Conn, string, error) {
+	name := "external"
+	if url == "" {
+		dir, err := os.MkdirTemp("", "queuethrottle-worker-")
+		if err != nil {
+			return nil, "", err
+		}
+		cl.add(func() { os.RemoveAll(dir) })
+		srv, err := natsserver.Start(dir)
+		if err != nil {
+			return nil, "", err
+		}
+		cl.add(func() {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		})
+		url, name = srv.ClientURL(), "embedded"
+	}
+	closed := make(chan struct{})
+	nc, err := nats.Connect(url, nats.Name("queuethrottle example worker"),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		return nil, "", fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	cl.add(func() {
+		if err := nc.Drain(); err != nil {
+			nc.Close()
+		}
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			nc.Close()
+		}
+	})
+	return nc, name, nil
+}
+
+// setUpStream creates the jobs stream and the worker's durable consumer.
+// On an external server, a stream left by an earlier run is deleted first,
+// and the stream is deleted again by cl.
+func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cl *closers) (jetstream.JetStream, jetstream.Consumer, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if external {
+		if err := js.DeleteStream(ctx, streamName); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, nil, fmt.Errorf("delete the stream %s of an earlier run: %w", streamName, err)
+		}
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:       streamName,
+		Subjects:   []string{subjectPrefix + ">"},
+		Duplicates: 2 * time.Minute,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create stream %s: %w", streamName, err)
+	}
+	if external {
+		cl.add(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			js.DeleteStream(ctx, streamName)
+		})
+	}
+	cons, err := stream.CreateOrUpdateConsumer(ctx, consumerConfig())
+	if err != nil {
+		return nil, nil, fmt.Errorf("create consumer %s: %w", durableName, err)
+	}
+	return js, cons, nil
+}
+
+// worker is the job handler. It runs only for admitted messages, on the
+// Consume goroutine or, for a message held on its last delivery, on the
+// throttle's goroutine for it.
+type worker struct {
+	rec    *recorder
+	tracer trace.Tracer
+
+	handlerErrs, throttleErrs errorLog
+}
+
+// handle records the job and acks it, waiting for the server's
+// confirmation.
+func (w *worker) handle(m jetstream.Msg) {
+	var j job
+	if err := json.Unmarshal(m.Data(), &j); err != nil {
+		w.handlerErrs.add("bad payload on "+m.Subject(), err)
+		m.Term()
+		return
+	}
+	var seq uint64
+	if md, err := m.Metadata(); err == nil {
+		seq = md.Sequence.Stream
+	}
+	// The job's span is a child of the throttle's process span.
+	ctx, span := w.tracer.Start(natsthrottle.ContextFromMsg(m), "handle "+j.ID)
+	defer span.End()
+	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Seq: seq})
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.DoubleAck(ctx); err != nil {
+		w.handlerErrs.add("ack "+j.ID, err)
+	}
+}
+
+// jobCost is the cost the throttle charges for a message: the job's cost.
+func jobCost(m jetstream.Msg) (int, error) {
+	var j job
+	if err := json.Unmarshal(m.Data(), &j); err != nil {
+		return 0, fmt.Errorf("job payload: %w", err)
+	}
+	return max(j.Cost, 1), nil
+}
+
+// publish sends each job to jobs.<tenant> at start + its arrival offset,
+// with the job id as Nats-Msg-Id so a resend is deduplicated, and the trace
+// context of a producer span in the headers.
+func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for _, j := range jobs {
+		if d := time.Until(start.Add(j.at())); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		data, err := json.Marshal(j)
+		if err != nil {
+			return err
+		}
+		subject := subjectPrefix + j.Tenant
+		sctx, span := tracer.Start(ctx, "send "+subject, trace.WithSpanKind(trace.SpanKindProducer))
+		msg := nats.NewMsg(subject)
+		msg.Data = data
+		msg.Header.Set(jetstream.MsgIDHeader, j.ID)
+		prop.Inject(sctx, natsthrottle.HeaderCarrier(msg.Header))
+		pctx, cancel := context.WithTimeout(sctx, 5*time.Second)
+		ack, err := js.PublishMsg(pctx, msg)
+		cancel()
+		span.End()
+		if err != nil {
+			return fmt.Errorf("job %s: %w", j.ID, err)
+		}
+		if !ack.Duplicate {
+			rec.published(j.Tenant, ack.Sequence)
+		}
+	}
+	return nil
+}
+
+// observedMsg counts, per tenant, the NAKs and Terms the throttle sends and
+// the messages it holds (sends InProgress for).
+type observedMsg struct {
+	jetstream.Msg
+	rec    *recorder
+	tenant string
+}
+
+func (m observedMsg) Nak() error {
+	err := m.Msg.Nak()
+	if err == nil {
+		m.rec.nak(m.tenant)
+	}
+	return err
+}
+
+func (m observedMsg) NakWithDelay(d time.Duration) error {
+	err := m.Msg.NakWithDelay(d)
+	if err == nil {
+		m.rec.nak(m.tenant)
+	}
+	return err
+}
+
+func (m observedMsg) InProgress() error {
+	err := m.Msg.InProgress()
+	if md, merr := m.Metadata(); err == nil && merr == nil {
+		m.rec.hold(m.tenant, md.Sequence.Stream)
+	}
+	return err
+}
+
+func (m observedMsg) Term() error {
+	err := m.Msg.Term()
+	if err == nil {
+		m.rec.term(m.tenant)
+	}
+	return err
+}
+
+func (m observedMsg) TermWithReason(reason string) error {
+	err := m.Msg.TermWithReason(reason)
+	if err == nil {
+		m.rec.term(m.tenant)
+	}
+	return err
+}
+
+// errorLog keeps the first few errors of a kind and counts the rest. It is
+// safe for concurrent use.
+type errorLog struct {
+	mu    sync.Mutex
+	n     int
+	first []string
+}
+
+func (l *errorLog) add(what string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	if len(l.first) < 5 {
+		l.first = append(l.first, what+": "+err.Error())
+	}
+}
+
+func (l *errorLog) print(w io.Writer, kind string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.first {
+		fmt.Fprintf(w, "%s: %s\n", kind, e)
+	}
+	if l.n > len(l.first) {
+		fmt.Fprintf(w, "%s: ... %d more\n", kind, l.n-len(l.first))
+	}
+}
+
+// plural returns "1 job", "2 jobs".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}
+
+// syncWriter serializes writes from the progress loop and the span
+// exporter.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

@@ -1,0 +1,199 @@
+package window
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// The Redis benchmarks share one redis-server and compare a sliding-window
+// decision with a bare round trip (PING) and with the pipeline design it
+// replaces. Parallel runs use 8 goroutines per GOMAXPROCS. The limit is
+// large enough that almost every call is admitted (the expensive path).
+
+const benchParallelism = 8
+
+var benchRate = throttle.Rate{Count: 1 << 30, Per: time.Second}
+
+// benchKeys are the keys of the many-keys benchmarks.
+var benchKeys = func() []string {
+	k := make([]string, 1024)
+	for i := range k {
+		k[i] = "user-" + strconv.Itoa(i)
+	}
+	return k
+}()
+
+func BenchmarkRedisPing(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	b.Run("seq", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := client.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := client.Ping(ctx).Err(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+func BenchmarkRedisWindow(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	newLimiter := func(b *testing.B) *Redis {
+		l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return l
+	}
+	b.Run("seq/one-key", func(b *testing.B) {
+		l := newLimiter(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.Allow(ctx, "one"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("seq/many-keys", func(b *testing.B) {
+		l := newLimiter(b)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if _, err := l.Allow(ctx, benchKeys[i%len(benchKeys)]); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.Run("parallel/one-key", func(b *testing.B) {
+		l := newLimiter(b)
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := l.Allow(ctx, "one"); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("parallel/many-keys", func(b *testing.B) {
+		l := newLimiter(b)
+		var g atomic.Int64
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(g.Add(1)) * 97
+			for pb.Next() {
+				if _, err := l.Allow(ctx, benchKeys[i%len(benchKeys)]); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
+	})
+}
+
+// pipelineWindow is the design the script replaces: MULTI of
+// ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE with millisecond scores from the
+// client clock, and a ZREM of the new member when the count was full.
+type pipelineWindow struct {
+	client *redis.Client
+	rate   throttle.Rate
+	prefix string
+	member memberSource
+}
+
+func (p *pipelineWindow) allow(ctx context.Context, key string) (bool, error) {
+	k := p.prefix + key
+	now := time.Now().UnixMilli()
+	member := p.member.next()
+	var card *redis.IntCmd
+	_, err := p.client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.ZRemRangeByScore(ctx, k, "-inf", strconv.FormatInt(now-p.rate.Per.Milliseconds(), 10))
+		card = pipe.ZCard(ctx, k)
+		pipe.ZAdd(ctx, k, redis.Z{Score: float64(now), Member: member})
+		pipe.PExpire(ctx, k, p.rate.Per)
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	if card.Val() >= int64(p.rate.Count) {
+		return false, p.client.ZRem(ctx, k, member).Err()
+	}
+	return true, nil
+}
+
+func BenchmarkPipelineWindow(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	newPipeline := func(b *testing.B) *pipelineWindow {
+		p := &pipelineWindow{client: client, rate: benchRate, prefix: freshPrefix()}
+		if err := p.member.init(); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	b.Run("seq/one-key", func(b *testing.B) {
+		p := newPipeline(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := p.allow(ctx, "one"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parallel/one-key", func(b *testing.B) {
+		p := newPipeline(b)
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := p.allow(ctx, "one"); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("parallel/many-keys", func(b *testing.B) {
+		p := newPipeline(b)
+		var g atomic.Int64
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(g.Add(1)) * 97
+			for pb.Next() {
+				if _, err := p.allow(ctx, benchKeys[i%len(benchKeys)]); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
+	})
+}

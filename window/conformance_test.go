@@ -1,0 +1,53 @@
+package window
+
+import (
+	"testing"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+func TestRedisConformance(t *testing.T) {
+	srv := redistest.Shared(t)
+	client := srv.Client(t)
+	throttletest.RunWindow(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle.Limiter {
+		l, err := NewRedis(client, r, WithClock(c), WithPrefix(freshPrefix()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisConformanceServerTime(t *testing.T) {
+	srv := redistest.Shared(t)
+	client := srv.Client(t)
+	throttletest.RunWindowRealTime(t, func(t *testing.T, r throttle.Rate) throttle.Limiter {
+		l, err := NewRedis(client, r, WithPrefix(freshPrefix()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestMemoryConformance(t *testing.T) {
+	throttletest.RunWindow(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle.Limiter {
+		l, err := NewMemory(r, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestMemoryConformanceSystemClock(t *testing.T) {
+	throttletest.RunWindowRealTime(t, func(t *testing.T, r throttle.Rate) throttle.Limiter {
+		l, err := NewMemory(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}

@@ -1,0 +1,68 @@
+// Package window implements the sliding window log: a key may be admitted at
+// most Count units (a request of cost n is n units) in any window of length
+// Per. [Redis] keeps the log in Redis, shared by every process that uses the
+// same Redis; [Memory] is its in-process twin with the same semantics, for
+// one process and for tests.
+//
+// # Rules
+//
+// An admission at instant t counts during [t, t+Per): at t+Per-1µs it is
+// still counted, at t+Per it is gone. Time is kept in whole microseconds
+// and Per is rounded up to a whole microsecond.
+//
+// A request of cost n is admitted if the units counted at that instant plus
+// n are at most Count; it is then recorded as n units at that instant. A
+// rejected request is never recorded, so clients that retry early do not
+// push their own admission back.
+//
+// A rejection's RetryAfter is the time until enough of the oldest counted
+// units leave the window for n to fit: with count units counted, the k-th
+// oldest (k = count + n - Count), at score s, leaves at s + Per, so
+// RetryAfter = s + Per - now, rounded up to the millisecond. It is never 0,
+// and presenting the same request RetryAfter later admits it if nobody took
+// the room first. ResetAfter is the newest counted admission + Per - now
+// (Per for an admission). Durations in a Decision are never rounded down.
+//
+// This is the sliding window log of the rate-limiting literature (see, for
+// example, Figma's "An alternative approach to rate limiting", 2017):
+// unlike a fixed window or a sliding window counter it is exact, at the
+// cost of one log entry per admitted unit.
+//
+// # Redis
+//
+// Each key is one sorted set whose members are the admitted units (unique
+// identities: a random 64-bit id per limiter plus a counter) scored by the
+// admission instant in microseconds. One Lua script per decision
+// (window.lua, run with EVALSHA and reloaded on NOSCRIPT) counts the
+// members with score > now - Per and, only if count + n <= Count, drops the
+// older ones, adds n members and sets the key to expire after Per;
+// otherwise it returns the retry-after and writes nothing. The instant is the Redis server's
+// TIME, so every worker shares one clock, unless [WithClock] is given: then
+// the client's time is sent and clamped to the newest member of the key, so
+// stored time never moves backwards.
+//
+// # Keys
+//
+// A key maps to the Redis key prefix + "{" + tag + "}" (prefix default
+// "throttle:window:", see [WithPrefix]). The braces are a Redis Cluster hash
+// tag, so every Redis key of one identity sits in one slot. The tag is the
+// key with '%', '{' and '}' escaped as "%25", "%7B" and "%7D"; "" becomes
+// "%E", and a key longer than 256 bytes becomes "%H" + the hex SHA-256 of
+// it. No key can break out of its tag, and two different keys never share
+// a Redis key (except for a SHA-256 collision between two long keys). Any
+// string is a valid key, including binary ones.
+//
+// # Memory
+//
+// A Redis window holds one sorted-set member (a 20-30 byte identity and its
+// score) per admitted unit in the last Per. Measured on Redis 7.0: about 31
+// bytes per member while a key holds at most 128 members (a listpack, the
+// zset-max-listpack-entries default), about 120-130 bytes per member above
+// that (a skiplist). Keys expire one window after their last admission, so
+// an idle key costs nothing. [Memory] holds at most Count entries
+// per key (fewer when admissions share a microsecond) and forgets keys idle
+// for a window.
+//
+// Both limiters are safe for concurrent use and implement
+// throttle.Limiter and throttle.Algorithmer ("sliding_window_log").
+package window
