@@ -268,7 +268,7 @@ func TestTraceContext(t *testing.T) {
 			}
 			for k, v := range want {
 				if got[k] != v {
-					t.Errorf("attribute %s = %v, want %v", k, got[k].Emit(), v.Emit())
+					t.Errorf("attribute %s = %v, want %v", k, got[k].String(), v.String())
 				}
 			}
 			if ps.Status().Code != codes.Unset {
