@@ -1,0 +1,124 @@
+package bucket
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// The local benchmarks compare Local with golang.org/x/time/rate on one
+// key, at a rate high enough that both admit nearly every call: both read
+// the system clock and take a lock per decision.
+const benchRate = 1_000_000_000 // per second
+
+func BenchmarkLocal(b *testing.B) {
+	l, err := NewLocal(throttle.PerSecond(benchRate), 1000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.Run("seq", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.AllowN(ctx, "key", 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := l.AllowN(ctx, "key", 1); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+func BenchmarkXTimeRate(b *testing.B) {
+	l := rate.NewLimiter(rate.Limit(benchRate), 1000)
+	b.Run("seq", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			l.AllowN(time.Now(), 1)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l.AllowN(time.Now(), 1)
+			}
+		})
+	})
+}
+
+// benchParallelism is the goroutines per GOMAXPROCS of the parallel Redis
+// benchmarks: enough concurrent calls to keep the server busy.
+const benchParallelism = 8
+
+// The Redis benchmarks compare one bucket decision (one EVALSHA) with a
+// PING on the same server and client.
+func BenchmarkRedisBucket(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	// A generous timeout: a benchmark measures speed, and a loaded machine
+	// can stall one call beyond the default 50 ms.
+	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.Run("seq", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.AllowN(ctx, "key", 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := l.AllowN(ctx, "key", 1); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+func BenchmarkRedisPing(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	b.Run("seq", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := client.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := client.Ping(ctx).Err(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}

@@ -1,0 +1,82 @@
+-- bucket.lua: take tokens from one token bucket, atomically. AllowN(n)
+-- runs it with min = max = n; the Hybrid's lease with min <= max.
+--
+-- The bucket is kept in integer credit, so that every step is exact in
+-- Lua's doubles: one token is worth per units and every microsecond adds
+-- count units; a full bucket holds cap = burst * per (<= 2^53, checked by
+-- the caller).
+--
+-- KEYS[1]  the bucket's hash: tokens = credit at ts (an integer), ts = µs
+--          since the Unix epoch at which credit was measured. A missing
+--          key is a full bucket.
+-- ARGV[1]  per: credit per token = the refill period in µs (integer).
+-- ARGV[2]  count: credit added per µs = tokens per period (integer).
+-- ARGV[3]  cap: credit of a full bucket = burst * per.
+-- ARGV[4]  min: take nothing unless at least min tokens are there (>= 1).
+-- ARGV[5]  max: take at most max tokens (min <= max <= burst).
+-- ARGV[6]  optional: now, µs, from the client's clock. Absent: now is the
+--          server's TIME.
+--
+-- Elapsed time is clamped at 0: if now is before ts, the bucket is read at
+-- ts and ts is kept, so stored time never moves backwards. A rejection
+-- (fewer than min tokens) writes nothing, so it neither takes tokens nor
+-- moves the refill timeline. After taking, the key expires when the bucket
+-- would be full again (rounded up to the ms): a missing key reads full.
+--
+-- Returns {granted, credit}: granted = whole tokens taken (0 or
+-- min..max); credit = what is left after taking, or what is there when
+-- nothing was taken. The caller derives remaining tokens and waits from
+-- credit with integer arithmetic.
+
+local key = KEYS[1]
+local per = tonumber(ARGV[1])
+local count = tonumber(ARGV[2])
+local cap = tonumber(ARGV[3])
+local want = tonumber(ARGV[4])
+
+local now
+if ARGV[6] then
+	now = tonumber(ARGV[6])
+else
+	local t = redis.call("TIME")
+	now = t[1] * 1000000 + t[2]
+end
+
+local st = redis.call("HMGET", key, "tokens", "ts")
+local credit = tonumber(st[1])
+local ts = tonumber(st[2])
+if credit == nil or ts == nil then
+	credit = cap
+	ts = now
+elseif now > ts then
+	-- Beyond cap the product may be inexact; it is clamped to cap anyway.
+	credit = credit + (now - ts) * count
+	ts = now
+end
+if credit > cap then
+	credit = cap
+end
+
+if credit < want * per then
+	return {0, credit}
+end
+
+local max = tonumber(ARGV[5])
+local k = math.floor(credit / per)
+if k * per > credit then
+	k = k - 1
+end
+if k > max then
+	k = max
+end
+credit = credit - k * per
+redis.call("HSET", key, "tokens", credit, "ts", ts)
+
+-- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
+local d = count * 1000
+local ttl = math.floor((cap - credit) / d)
+if ttl * d < cap - credit then
+	ttl = ttl + 1
+end
+redis.call("PEXPIRE", key, ttl)
+return {k, credit}

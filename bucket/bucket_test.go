@@ -1,0 +1,36 @@
+package bucket
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+func TestDiv(t *testing.T) {
+	check := func(a, b int64) {
+		t.Helper()
+		inv := 1 / float64(b)
+		if got, want := floorDiv(a, b, inv), a/b; got != want {
+			t.Fatalf("floorDiv(%d, %d) = %d, want %d", a, b, got, want)
+		}
+		want := a / b
+		if a%b != 0 {
+			want++
+		}
+		if got := ceilDiv(a, b, inv); got != want {
+			t.Fatalf("ceilDiv(%d, %d) = %d, want %d", a, b, got, want)
+		}
+	}
+	edges := []int64{0, 1, 2, 3, 7, 999_999, 1_000_000, 1_000_001, 1 << 26, 1<<53 - 1, 1 << 53, 3_333_333, 2_001_000}
+	for _, a := range edges {
+		for _, b := range edges[1:] {
+			check(a, b)
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 1_000_000; i++ {
+		b := r.Int64N(1<<r.IntN(54)) + 1
+		q := r.Int64N(1<<53/b + 1)
+		a := min(q*b+r.Int64N(b)-r.Int64N(2), 1<<53)
+		check(max(a, 0), b)
+	}
+}

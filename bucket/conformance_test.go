@@ -1,0 +1,53 @@
+package bucket
+
+import (
+	"testing"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+func TestLocalConformance(t *testing.T) {
+	throttletest.RunBucket(t, func(t *testing.T, r throttle.Rate, burst int, c throttle.Clock) throttle.Limiter {
+		l, err := NewLocal(r, burst, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestLocalConformanceSystemClock(t *testing.T) {
+	throttletest.RunBucketRealTime(t, func(t *testing.T, r throttle.Rate, burst int) throttle.Limiter {
+		l, err := NewLocal(r, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisConformance(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunBucket(t, func(t *testing.T, r throttle.Rate, burst int, c throttle.Clock) throttle.Limiter {
+		l, err := NewRedis(client, r, burst, WithClock(c), WithPrefix(freshPrefix()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+// TestRedisConformanceServerTime runs with the Redis server's TIME, at a
+// short real period (10 per 200ms).
+func TestRedisConformanceServerTime(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunBucketRealTime(t, func(t *testing.T, r throttle.Rate, burst int) throttle.Limiter {
+		l, err := NewRedis(client, r, burst, WithPrefix(freshPrefix()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}

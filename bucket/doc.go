@@ -1,0 +1,70 @@
+// Package bucket provides token-bucket limiters: [Local], in process;
+// [Redis], shared by every process through one Lua script per decision;
+// and the Hybrid, which decides most admissions locally on tokens leased
+// from the Redis bucket.
+//
+// # Algorithm
+//
+// The classic token bucket (as in golang.org/x/time/rate, or the meters of
+// RFC 2697): a bucket per key holds up to burst tokens and refills at
+// Count tokens per Per; a request of cost n is admitted if n tokens are
+// there, and takes them. Refill is lazy, computed from the elapsed time at
+// each decision; there are no timers. A rejection takes nothing and does
+// not move the refill timeline, so a client that retries faster than the
+// refill is still admitted at the refill rate. A new (or forgotten) key
+// starts full.
+//
+// Time is kept in whole microseconds, and the arithmetic is exact
+// integers: a token is worth Per (in µs) units of credit and every
+// microsecond adds Count units. Waits therefore come out exact before
+// being rounded up to the millisecond; 5 per 2s waits 400ms between
+// tokens, never 0 and never 401ms. Local and Redis decide identically at
+// the same instants. burst × Per must not exceed 2^53 µs (about 285 years).
+//
+// # Decisions
+//
+// Limit is Count; Remaining is the whole tokens left after the decision;
+// RetryAfter is (n - tokens) / rate, rounded up to the millisecond (0 when
+// admitted); ResetAfter is the time until the bucket is full again,
+// rounded up to the millisecond. Source is throttle.SourceLocal for Local
+// and throttle.SourceRedis for Redis.
+//
+// For example, with 10 per second and a burst of 3, three requests at once
+// are admitted with Remaining 2, 1, 0 and ResetAfter 100ms, 200ms, 300ms; a
+// fourth is rejected with RetryAfter 100ms.
+//
+// # Errors
+//
+// Constructors return errors wrapping throttle.ErrInvalidOption that name
+// the field (Rate.Count, Rate.Per, burst, client, or the option). AllowN
+// returns an error wrapping throttle.ErrInvalidCost for n < 1 or n > burst,
+// before any store access: such a request could never be admitted and
+// must not be retried. Redis errors, including timeouts, are wrapped as
+// "bucket: redis: ...".
+//
+// # Redis
+//
+// Each key's bucket is one hash {tokens, ts} under prefix + "{" + escaped
+// key + "}" (default prefix "throttle:bucket:"). The key sits inside a
+// Redis Cluster hash tag, escaped so that no key can break out of the tag
+// or collide with another: "" becomes "%E"; '%', '{' and '}' become "%25",
+// "%7B" and "%7D"; a key longer than 256 bytes becomes "%H" + its hex
+// SHA-256. The hash expires when the bucket would be full again.
+//
+// The Lua scripts read the Redis server's TIME by default, so every
+// process shares one clock; WithClock makes the client send its own time
+// instead (for tests, or for services that forbid TIME). Either way stored
+// time never moves backwards.
+//
+// Every Redis call carries a deadline of WithTimeout (default 50 ms). go-redis
+// only honours context deadlines on clients built with
+// ContextTimeoutEnabled: true:
+//
+//	client := redis.NewClient(&redis.Options{
+//		Addr:                  "localhost:6379",
+//		ContextTimeoutEnabled: true, // required for WithTimeout to bound calls
+//	})
+//
+// Without it, a hung Redis blocks a decision for the client's ReadTimeout
+// (default 5 s) instead.
+package bucket

@@ -1,0 +1,258 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// localShards is the most shards a Local splits its keys over; each has
+// its own lock and LRU.
+const localShards = 16
+
+// idleChecks is how many of a shard's least recently used keys a new key
+// checks, and forgets if they are full again.
+const idleChecks = 2
+
+// Local is an in-process token bucket per key: tokens refill lazily from
+// the elapsed time (no timers) at Count per Per, up to burst; a request of
+// cost n is admitted if n tokens are there and takes them. A rejection
+// neither takes tokens nor moves the refill timeline, so a client retrying
+// faster than the refill is still admitted at the refill rate. A clock
+// that moves backwards counts as no time passing. Time is kept in whole
+// microseconds, with the same integer arithmetic as Redis, so both give
+// the same decisions at the same instants.
+//
+// Per-key state lives in bounded LRU caches (hashicorp/golang-lru's
+// simplelru, one per shard). A key that has been idle long enough to be
+// full again is forgotten at no cost: state for it would read full anyway.
+// Idle keys are forgotten lazily, when new keys arrive, and a Local holds
+// at most DefaultMaxKeys keys, so memory stays bounded however many
+// distinct keys it sees. If more keys than that are active at once (each
+// used within one time-to-full, burst/Count × Per), the least recently used
+// one is forgotten before it is full and comes back full: this can
+// over-admit by at most one burst per forgotten key.
+//
+// A Local is safe for concurrent use. Deciding for a key it holds
+// allocates nothing. The zero Local is not usable; call NewLocal.
+type Local struct {
+	p        params
+	rate     throttle.Rate
+	clock    throttle.Clock
+	sysClock bool      // no WithClock: time is base + the monotonic time since
+	base     time.Time // when the Local was made, with a monotonic reading
+	baseUS   int64     // base in µs since the Unix epoch
+	seed     maphash.Seed
+	fnvSeed  uint64
+	mask     uint64
+	shards   []localShard
+}
+
+// localShard is a part of the keys. Its lock guards the LRU; each key's
+// bucket has a lock of its own, taken after the shard's (never before).
+type localShard struct {
+	mu  sync.Mutex
+	lru *simplelru.LRU[string, *localState]
+	// last is the most recently looked-up key's bucket, which is also the
+	// front of lru: deciding again for it needs neither the shard lock nor
+	// an LRU update, so a hot key costs one lock, on its own bucket.
+	last atomic.Pointer[localState]
+	_    [40]byte // keep shards' locks on separate cache lines
+}
+
+// localState is one key's bucket: credit (see params) at ts, µs since the
+// Unix epoch.
+type localState struct {
+	mu     sync.Mutex
+	dead   bool // forgotten by the LRU: look the key up again
+	credit int64
+	ts     int64
+	key    string   // immutable
+	_      [16]byte // 64 bytes: one cache line, not shared with another key
+}
+
+// NewLocal returns an in-process token bucket per key, refilling r.Count
+// tokens per r.Per up to burst (>= 1), starting full.
+//
+// Options: WithClock (default the system clock, read through its monotonic
+// reading so that steps of the wall clock do not matter); the others are
+// accepted and ignored. Errors wrap throttle.ErrInvalidOption and name the
+// field: Rate.Count < 1, Rate.Per <= 0, burst < 1 (or burst × Per beyond
+// 2^53 µs), a bad option.
+func NewLocal(r throttle.Rate, burst int, opts ...Option) (*Local, error) {
+	p, err := newParams(r, burst)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	l := &Local{p: p, rate: r, clock: cfg.clock, seed: maphash.MakeSeed()}
+	l.fnvSeed = maphash.Comparable(l.seed, 0) | 1
+	if l.clock == nil {
+		l.clock, l.sysClock = throttle.SystemClock, true
+		l.base = time.Now()
+		l.baseUS = l.base.UnixMicro()
+	}
+	// A power of two of shards, no more than keys.
+	n := min(localShards, 1<<(bits.Len(uint(cfg.maxKeys))-1))
+	l.mask = uint64(n - 1)
+	l.shards = make([]localShard, n)
+	size := cfg.maxKeys / n // n shards hold at most maxKeys together
+	for i := range l.shards {
+		c, err := simplelru.NewLRU[string, *localState](size, evicted)
+		if err != nil {
+			return nil, fmt.Errorf("bucket: local: %w", err)
+		}
+		l.shards[i].lru = c
+	}
+	return l, nil
+}
+
+// Rate returns the refill rate.
+func (l *Local) Rate() throttle.Rate { return l.rate }
+
+// Burst returns the capacity, in tokens.
+func (l *Local) Burst() int { return l.p.burst }
+
+// Algorithm returns "token_bucket".
+func (l *Local) Algorithm() string { return algorithm }
+
+// Allow is AllowN(ctx, key, 1).
+func (l *Local) Allow(ctx context.Context, key string) (throttle.Decision, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN admits a request of cost n for key if the key's bucket holds n
+// tokens at the current instant, and takes them; otherwise it rejects,
+// taking nothing, with a RetryAfter of (n - tokens) / rate rounded up to
+// the millisecond. Remaining is the whole tokens left; ResetAfter the time
+// until the bucket is full again. The Decision's Source is
+// throttle.SourceLocal.
+//
+// The only error wraps throttle.ErrInvalidCost, for n < 1 or n > burst.
+// ctx is unused.
+func (l *Local) AllowN(_ context.Context, key string, n int) (throttle.Decision, error) {
+	if n < 1 || n > l.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
+	}
+	var now int64
+	if l.sysClock {
+		// The monotonic clock only: one clock read instead of time.Now's
+		// two, and immune to steps of the wall clock.
+		now = l.baseUS + int64(time.Since(l.base)/time.Microsecond)
+	} else {
+		now = l.clock.Now().UnixMicro()
+	}
+	allowed, credit := l.take(key, n, now)
+	return l.p.decision(allowed, n, credit, l.rate.Count, throttle.SourceLocal), nil
+}
+
+// take is the algorithm at the instant now (µs): it reports whether n
+// tokens were taken, and the credit left (admitted) or there (rejected).
+func (l *Local) take(key string, n int, now int64) (bool, int64) {
+	s := &l.shards[l.shardOf(key)]
+	st := s.last.Load()
+	if st == nil || st.key != key {
+		st = s.lookup(key, now, &l.p)
+	}
+	st.mu.Lock()
+	for st.dead {
+		st.mu.Unlock()
+		st = s.lookup(key, now, &l.p)
+		st.mu.Lock()
+	}
+	credit, ts := l.p.refill(st.credit, st.ts, now)
+	need := int64(n) * l.p.perUS
+	if credit < need {
+		st.mu.Unlock()
+		return false, credit
+	}
+	credit -= need
+	st.credit, st.ts = credit, ts
+	st.mu.Unlock()
+	return true, credit
+}
+
+// shardOf returns the index of key's shard: FNV-1a from a random seed for
+// short keys (cheaper than a call to maphash), maphash for long ones.
+func (l *Local) shardOf(key string) uint64 {
+	if len(key) > 32 {
+		return maphash.String(l.seed, key) & l.mask
+	}
+	h := l.fnvSeed
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 1099511628211
+	}
+	return (h ^ h>>29 ^ h>>47) & l.mask
+}
+
+// lookup returns key's bucket, adding a full one if there is none, and
+// makes it the shard's last.
+func (s *localShard) lookup(key string, now int64, p *params) *localState {
+	s.mu.Lock()
+	st, ok := s.lru.Get(key)
+	if !ok {
+		st = s.add(key, now, p)
+	}
+	if s.last.Load() != st {
+		s.last.Store(st)
+	}
+	s.mu.Unlock()
+	return st
+}
+
+// add stores a full bucket for key, first forgetting up to idleChecks of
+// the least recently used keys whose buckets are full again at now. The
+// caller holds s.mu.
+func (s *localShard) add(key string, now int64, p *params) *localState {
+	for range idleChecks {
+		_, old, ok := s.lru.GetOldest()
+		if !ok {
+			break
+		}
+		old.mu.Lock()
+		c, _ := p.refill(old.credit, old.ts, now)
+		full := c >= p.cap
+		// Marked under its lock, so nobody takes from it once found full.
+		old.dead = full
+		old.mu.Unlock()
+		if !full {
+			break
+		}
+		s.lru.RemoveOldest()
+	}
+	st := &localState{credit: p.cap, ts: now, key: strings.Clone(key)}
+	s.lru.Add(st.key, st) // may evict the least recently used: see Local
+	return st
+}
+
+// evicted marks a bucket the LRU dropped, so that a decision holding it
+// looks the key up again.
+func evicted(_ string, st *localState) {
+	st.mu.Lock()
+	st.dead = true
+	st.mu.Unlock()
+}
+
+// Len reports how many keys the bucket holds state for.
+func (l *Local) Len() int {
+	total := 0
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		total += s.lru.Len()
+		s.mu.Unlock()
+	}
+	return total
+}

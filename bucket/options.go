@@ -1,0 +1,118 @@
+package bucket
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// Option configures a Local, Redis or Hybrid bucket. Options that do not
+// apply to a type are accepted and ignored by it.
+type Option interface{ apply(*config) error }
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+// config is what the options set. Defaults are set by newConfig before the
+// options run.
+type config struct {
+	clock      throttle.Clock // nil: Redis uses its TIME; Local uses throttle.SystemClock
+	prefix     string         // Redis key prefix, default "throttle:bucket:"
+	timeout    time.Duration  // per Redis call, default 50 ms
+	localShare struct {       // WithLocalShare (Hybrid only)
+		instances int
+		safety    float64
+		set       bool
+	}
+	maxKeys int // Local: most keys held, default DefaultMaxKeys
+}
+
+const (
+	defaultPrefix  = "throttle:bucket:"
+	defaultTimeout = 50 * time.Millisecond
+)
+
+// DefaultMaxKeys is the most keys a Local holds state for. See Local for
+// what happens beyond it.
+const DefaultMaxKeys = 100_000
+
+func newConfig(opts []Option) (config, error) {
+	c := config{prefix: defaultPrefix, timeout: defaultTimeout, maxKeys: DefaultMaxKeys}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&c); err != nil {
+			return config{}, err
+		}
+	}
+	return c, nil
+}
+
+// WithClock makes the bucket read time from c instead of the default: for
+// Redis, the server's TIME (so every process shares one clock); for Local,
+// the system clock. With a client clock the Redis script never moves a
+// key's stored time backwards (elapsed time is clamped at 0). Nil is
+// ignored.
+func WithClock(c throttle.Clock) Option {
+	return optionFunc(func(cfg *config) error {
+		if c != nil {
+			cfg.clock = c
+		}
+		return nil
+	})
+}
+
+// WithPrefix sets the prefix of every Redis key, default "throttle:bucket:".
+// It must not contain '{' or '}', which would break the key's hash tag.
+// Local ignores it.
+func WithPrefix(p string) Option {
+	return optionFunc(func(cfg *config) error {
+		if !rediskey.CheckPrefix(p) {
+			return &throttle.OptionError{Field: "WithPrefix", Reason: "must not contain '{' or '}' (they would break the Redis Cluster hash tag)"}
+		}
+		cfg.prefix = p
+		return nil
+	})
+}
+
+// WithTimeout bounds every Redis call, default 50 ms; it must be > 0. It
+// is applied as a context deadline (unless the caller's context already
+// ends sooner), which go-redis only honours on a client created with
+// ContextTimeoutEnabled: true; see the package documentation. Local
+// ignores it.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(cfg *config) error {
+		if d <= 0 {
+			return &throttle.OptionError{Field: "WithTimeout", Reason: fmt.Sprintf("must be > 0, got %v", d)}
+		}
+		cfg.timeout = d
+		return nil
+	})
+}
+
+// WithLocalShare applies to the Hybrid only: while Redis is unreachable (or
+// its circuit breaker is open), the Hybrid admits in this process at most
+// Count/instances × safety per Per, with decisions of Source
+// throttle.SourceDegraded. instances is the number of processes sharing
+// the limit (>= 1) and safety a fraction in (0, 1]. Without it, the Hybrid
+// returns the error and the Gate's failure policy decides. Local and Redis
+// ignore it.
+func WithLocalShare(instances int, safety float64) Option {
+	return optionFunc(func(cfg *config) error {
+		if instances < 1 {
+			return &throttle.OptionError{Field: "WithLocalShare.instances", Reason: fmt.Sprintf("must be >= 1, got %d", instances)}
+		}
+		if math.IsNaN(safety) || safety <= 0 || safety > 1 {
+			return &throttle.OptionError{Field: "WithLocalShare.safety", Reason: fmt.Sprintf("must be in (0, 1], got %v", safety)}
+		}
+		cfg.localShare.instances = instances
+		cfg.localShare.safety = safety
+		cfg.localShare.set = true
+		return nil
+	})
+}

@@ -1,0 +1,281 @@
+package bucket
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+var (
+	//go:embed bucket.lua
+	bucketLua string
+	//go:embed giveback.lua
+	giveBackLua string
+
+	// The scripts run with EVALSHA, and are reloaded with EVAL on NOSCRIPT.
+	takeScript     = redis.NewScript(bucketLua)
+	giveBackScript = redis.NewScript(giveBackLua)
+)
+
+// Redis is a token bucket per key kept in Redis, shared by every process
+// that uses the same Redis and prefix: tokens refill at Count per Per up to
+// burst, and a request of cost n is admitted if n tokens are there. Each
+// decision is one Lua script (one round trip) that refills the key's
+// bucket from the elapsed time, and takes the tokens only if enough are
+// there. A rejection writes nothing: it neither takes tokens nor moves the
+// refill timeline, so a client retrying faster than the refill is still
+// admitted at the refill rate.
+//
+// State is one hash per key, {tokens, ts}, holding the bucket's credit at
+// ts in exact integers (a token is worth Per in µs, each µs adds Count;
+// see bucket.lua). The key expires when the bucket would be full again;
+// a missing key reads full. By default time is the Redis server's TIME at
+// microsecond precision, so every process shares one clock. With WithClock
+// the client sends its own time in µs; either way a clock that moves
+// backwards counts as no time passing and stored time never moves
+// backwards. Changing Rate.Per under the same prefix reinterprets stored
+// credit until the buckets are full again: use a new prefix.
+//
+// Every call has a deadline of WithTimeout (default 50 ms), as a context
+// deadline. go-redis ignores context deadlines unless the client is built
+// with ContextTimeoutEnabled: true (in redis.Options, redis.ClusterOptions
+// or redis.UniversalOptions): set it, or a hung Redis blocks a decision
+// for the client's ReadTimeout (default 5 s).
+//
+// A Redis is safe for concurrent use by any number of goroutines and
+// processes. It holds no per-key state in the process. The zero Redis is
+// not usable; call NewRedis.
+type Redis struct {
+	client  redis.Scripter
+	rate    throttle.Rate
+	p       params
+	prefix  string
+	clock   throttle.Clock // nil: Redis TIME
+	timeout time.Duration
+
+	// ARGV, formatted and boxed once.
+	argPer, argCount, argCap any
+	argInt                   []any // argInt[i] = strconv.Itoa(i), for small i
+}
+
+// maxArgInt bounds the precomputed small-integer arguments.
+const maxArgInt = 64
+
+// NewRedis returns a token bucket per key kept in c (a *redis.Client,
+// *redis.ClusterClient or *redis.Ring), refilling r.Count tokens per r.Per
+// up to burst (>= 1), starting full. c should have ContextTimeoutEnabled
+// set; see Redis.
+//
+// Options: WithClock (default: the Redis server's TIME), WithPrefix
+// (default "throttle:bucket:"), WithTimeout (default 50 ms); WithLocalShare
+// is accepted and ignored. Errors wrap throttle.ErrInvalidOption and name
+// the field: a nil c, Rate.Count < 1, Rate.Per <= 0, burst < 1 (or burst ×
+// Per beyond 2^53 µs), a bad option.
+func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Redis, error) {
+	if c == nil {
+		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
+	}
+	p, err := newParams(r, burst)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	l := &Redis{
+		client:   c,
+		rate:     r,
+		p:        p,
+		prefix:   cfg.prefix,
+		clock:    cfg.clock,
+		timeout:  cfg.timeout,
+		argPer:   strconv.FormatInt(p.perUS, 10),
+		argCount: strconv.FormatInt(p.count, 10),
+		argCap:   strconv.FormatInt(p.cap, 10),
+		argInt:   make([]any, min(burst, maxArgInt)+1),
+	}
+	for i := range l.argInt {
+		l.argInt[i] = strconv.Itoa(i)
+	}
+	return l, nil
+}
+
+// Rate returns the refill rate.
+func (l *Redis) Rate() throttle.Rate { return l.rate }
+
+// Burst returns the capacity, in tokens.
+func (l *Redis) Burst() int { return l.p.burst }
+
+// Algorithm returns "token_bucket".
+func (l *Redis) Algorithm() string { return algorithm }
+
+// Allow is AllowN(ctx, key, 1).
+func (l *Redis) Allow(ctx context.Context, key string) (throttle.Decision, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN admits a request of cost n for key if the key's bucket holds n
+// tokens at the current instant (the Redis server's TIME, or the WithClock
+// clock), and takes them; otherwise it rejects, writing nothing, with a
+// RetryAfter of (n - tokens) / rate rounded up to the millisecond.
+// Remaining is the whole tokens left; ResetAfter the time until the bucket
+// is full again. The Decision's Source is throttle.SourceRedis.
+//
+// Every key is usable, including "" and binary or very long keys: the key
+// is escaped into a Redis Cluster hash tag (see the package documentation).
+//
+// Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst,
+// returned before any Redis call; otherwise a Redis or context error
+// (including the WithTimeout deadline), wrapped as "bucket: redis: ...",
+// meaning the limiter could not decide.
+func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
+	if n < 1 || n > l.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
+	}
+	granted, credit, err := l.take(ctx, key, n, n)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	return l.p.decision(granted > 0, n, credit, l.rate.Count, throttle.SourceRedis), nil
+}
+
+// grant is the result of a lease call.
+type grant struct {
+	granted    int           // tokens taken (0..max)
+	remaining  float64       // tokens left in the Redis bucket after the call
+	retryAfter time.Duration // when granted < min: time until min tokens will be there (ms, rounded up, > 0); else 0
+	resetAfter time.Duration // time until the Redis bucket is full again (ms, rounded up)
+}
+
+// lease atomically takes from key's Redis bucket as many whole tokens as
+// are available, up to max, but only if at least min are; otherwise it
+// takes nothing (and writes nothing). One round trip (bucket.lua, as
+// AllowN), bounded by the WithTimeout deadline.
+//
+// min must be >= 1 and <= burst, and max >= min; max beyond burst is
+// treated as burst. Otherwise the error wraps throttle.ErrInvalidCost and
+// Redis is not called. Other errors are Redis or context errors wrapped as
+// "bucket: redis: ...": then nothing is known to have been taken (a
+// timeout may still have taken tokens that are then lost until refill).
+func (l *Redis) lease(ctx context.Context, key string, min, max int) (grant, error) {
+	if min < 1 || min > l.p.burst {
+		return grant{}, throttle.CheckCost(min, l.p.burst)
+	}
+	if max < min {
+		return grant{}, fmt.Errorf("%w: lease max=%d is below min=%d", throttle.ErrInvalidCost, max, min)
+	}
+	max = minInt(max, l.p.burst)
+	granted, credit, err := l.take(ctx, key, min, max)
+	if err != nil {
+		return grant{}, err
+	}
+	g := grant{
+		granted:    granted,
+		remaining:  float64(credit) / float64(l.p.perUS),
+		resetAfter: micros(l.p.waitUS(l.p.cap, credit)),
+	}
+	if granted == 0 {
+		g.retryAfter = maxDuration(micros(l.p.waitUS(int64(min)*l.p.perUS, credit)), time.Millisecond)
+	}
+	return g, nil
+}
+
+// giveBack returns n unused tokens to key's Redis bucket, capped at burst,
+// without moving its refill timeline: the bucket is as if those tokens had
+// never been taken (a bucket that is gone, i.e. full, stays full). One
+// round trip (giveback.lua), bounded by the WithTimeout deadline. n < 1 is
+// a no-op; n beyond burst is treated as burst. Errors are Redis or context
+// errors wrapped as "bucket: redis: ...".
+func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
+	if n < 1 {
+		return nil
+	}
+	n = minInt(n, l.p.burst)
+	ctx, cancel := l.withTimeout(ctx)
+	defer cancel()
+	keys := []string{rediskey.Key(l.prefix, key)}
+	var err error
+	if l.clock == nil {
+		err = giveBackScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n)).Err()
+	} else {
+		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
+		err = giveBackScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n), now).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("bucket: redis: %w", err)
+	}
+	return nil
+}
+
+func minInt(a, b int) int {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+func maxDuration(a, b time.Duration) time.Duration {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+var errReply = errors.New("bucket: redis: unexpected script reply")
+
+// take runs bucket.lua: it returns the tokens taken (0 or min..max) and
+// the credit left (or there, when nothing was taken).
+func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, error) {
+	ctx, cancel := l.withTimeout(ctx)
+	defer cancel()
+	keys := []string{rediskey.Key(l.prefix, key)}
+	var cmd *redis.Cmd
+	if l.clock == nil {
+		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max))
+	} else {
+		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
+		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max), now)
+	}
+	res, err := cmd.Result()
+	if err != nil {
+		return 0, 0, fmt.Errorf("bucket: redis: %w", err)
+	}
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 2 {
+		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
+	}
+	granted, ok1 := vals[0].(int64)
+	credit, ok2 := vals[1].(int64)
+	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < 0 || credit > l.p.cap {
+		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
+	}
+	return int(granted), credit, nil
+}
+
+// arg returns i as a boxed string argument, allocating only for large i.
+func (l *Redis) arg(i int) any {
+	if i < len(l.argInt) {
+		return l.argInt[i]
+	}
+	return strconv.Itoa(i)
+}
+
+func noCancel() {}
+
+// withTimeout bounds ctx by the WithTimeout deadline, unless ctx already
+// ends sooner.
+func (l *Redis) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= l.timeout {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, l.timeout)
+}

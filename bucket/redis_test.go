@@ -1,0 +1,402 @@
+package bucket
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+// newTestRedis returns a Redis bucket on the shared server with a fresh
+// prefix, and the client it uses.
+func newTestRedis(t *testing.T, r throttle.Rate, burst int, opts ...Option) (*Redis, *redis.Client) {
+	t.Helper()
+	client := redistest.Shared(t).Client(t)
+	l, err := NewRedis(client, r, burst, append([]Option{WithPrefix(freshPrefix())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, client
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestRedisAccessors(t *testing.T) {
+	l, _ := newTestRedis(t, throttle.PerSecond(5), 7)
+	if l.Rate() != throttle.PerSecond(5) || l.Burst() != 7 || l.Algorithm() != "token_bucket" {
+		t.Fatalf("Rate %v, Burst %d, Algorithm %q", l.Rate(), l.Burst(), l.Algorithm())
+	}
+	d, err := l.Allow(ctxT(t), "k")
+	if err != nil || !d.Allowed || d.Source != throttle.SourceRedis || d.Remaining != 6 {
+		t.Fatalf("Allow = %+v, %v", d, err)
+	}
+}
+
+// TestRedisKeyLayout checks the hash under its escaped, hash-tagged key.
+func TestRedisKeyLayout(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	l, client := newTestRedis(t, throttle.PerSecond(10), 3, WithClock(clock))
+	ctx := ctxT(t)
+	long := strings.Repeat("x", 10<<10)
+	sum := sha256.Sum256([]byte(long))
+	for id, tagged := range map[string]string{
+		"":         "{%E}",
+		"a{b}:c":   "{a%7Bb%7D:c}",
+		"%7B":      "{%257B}",
+		"\x00\xff": "{\x00\xff}",
+		long:       "{%H" + hex.EncodeToString(sum[:]) + "}",
+	} {
+		if _, err := l.AllowN(ctx, id, 1); err != nil {
+			t.Fatal(err)
+		}
+		key := l.prefix + tagged
+		got, err := client.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"tokens": "2000000", "ts": "1767323045000000"}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("key %.40q: HGETALL %q = %v, want %v", id, key, got, want)
+		}
+		// The hash tag is everything between the first '{' and the next '}'.
+		tag := key[strings.IndexByte(key, '{')+1:]
+		tag = tag[:strings.IndexByte(tag, '}')]
+		if tag == "" || !strings.HasSuffix(key, "{"+tag+"}") {
+			t.Fatalf("key %q: hash tag %q does not span the identity", key, tag)
+		}
+	}
+}
+
+// TestRedisTTL checks that a key expires when its bucket would be full
+// again, rounded up to the millisecond, never a fixed hour.
+func TestRedisTTL(t *testing.T) {
+	tests := []struct {
+		name  string
+		rate  throttle.Rate
+		burst int
+		n     int
+		want  time.Duration
+	}{
+		{"3 of 5 at 10/1s", throttle.PerSecond(10), 5, 3, 300 * time.Millisecond},
+		{"1 of 1 at 5/2s", throttle.Rate{Count: 5, Per: 2 * time.Second}, 1, 1, 400 * time.Millisecond},
+		{"1 of 1 at 3/1s", throttle.PerSecond(3), 1, 1, 334 * time.Millisecond},
+		{"2 of 2 at 1/1h", throttle.PerHour(1), 2, 2, 2 * time.Hour},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, mode := range []string{"client clock", "server TIME"} {
+				var opts []Option
+				if mode == "client clock" {
+					opts = append(opts, WithClock(throttletest.NewClock(throttletest.T0)))
+				}
+				l, client := newTestRedis(t, tt.rate, tt.burst, opts...)
+				ctx := ctxT(t)
+				d, err := l.AllowN(ctx, "ttl", tt.n)
+				if err != nil || !d.Allowed || d.ResetAfter != tt.want {
+					t.Fatalf("%s: AllowN = %+v, %v; want admitted with ResetAfter %v", mode, d, err, tt.want)
+				}
+				ttl, err := client.PTTL(ctx, rediskey.Key(l.prefix, "ttl")).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ttl > tt.want || ttl < tt.want-50*time.Millisecond {
+					t.Fatalf("%s: PTTL = %v, want %v (time to full) or a little less", mode, ttl, tt.want)
+				}
+			}
+		})
+	}
+}
+
+// TestRedisRejectionWritesNothing compares the hash and its expiry before
+// and after rejections.
+func TestRedisRejectionWritesNothing(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	l, client := newTestRedis(t, throttle.PerSecond(1), 2, WithClock(clock))
+	ctx := ctxT(t)
+	key := rediskey.Key(l.prefix, "k")
+	if d, err := l.AllowN(ctx, "k", 2); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(2) = %+v, %v", d, err)
+	}
+	before, err := client.HGetAll(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ttlBefore := client.PTTL(ctx, key).Val()
+	for _, at := range []time.Duration{0, 300 * time.Millisecond, 999 * time.Millisecond} {
+		clock.Set(throttletest.T0.Add(at))
+		if d, err := l.AllowN(ctx, "k", 1); err != nil || d.Allowed {
+			t.Fatalf("at %v: AllowN = %+v, %v; want rejected", at, d, err)
+		}
+		if _, err := l.lease(ctx, "k", 1, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, err := client.HGetAll(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(before, after) {
+		t.Fatalf("rejections changed the hash: before %v, after %v", before, after)
+	}
+	if ttl := client.PTTL(ctx, key).Val(); ttl > ttlBefore {
+		t.Fatalf("rejections moved the expiry: PTTL %v before, %v after", ttlBefore, ttl)
+	}
+}
+
+// TestRedisNoScript flushes the script cache: the next call reloads it.
+func TestRedisNoScript(t *testing.T) {
+	l, client := newTestRedis(t, throttle.PerSecond(10), 5)
+	ctx := ctxT(t)
+	if _, err := l.AllowN(ctx, "k", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.AllowN(ctx, "k", 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("after SCRIPT FLUSH: %+v, %v", d, err)
+	}
+	if err := client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.giveBack(ctx, "k", 1); err != nil {
+		t.Fatalf("giveBack after SCRIPT FLUSH: %v", err)
+	}
+}
+
+// TestRedisBadCostNoCall checks that bad costs fail before any Redis call:
+// the client here points at nothing.
+func TestRedisBadCostNoCall(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	l, err := NewRedis(client, throttle.PerSecond(1), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{0, -1, 4} {
+		if _, err := l.AllowN(context.Background(), "k", n); !errors.Is(err, throttle.ErrInvalidCost) {
+			t.Fatalf("AllowN(n=%d) = %v, want ErrInvalidCost", n, err)
+		}
+	}
+	for _, mm := range [][2]int{{0, 1}, {4, 4}, {2, 1}} {
+		if _, err := l.lease(context.Background(), "k", mm[0], mm[1]); !errors.Is(err, throttle.ErrInvalidCost) {
+			t.Fatalf("lease(%d, %d) = %v, want ErrInvalidCost", mm[0], mm[1], err)
+		}
+	}
+	if _, err := l.AllowN(context.Background(), "k", 1); err == nil || !strings.HasPrefix(err.Error(), "bucket: redis: ") {
+		t.Fatalf("AllowN on an unreachable Redis: %v, want a \"bucket: redis: \" error", err)
+	}
+}
+
+func TestRedisLease(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	// 10/1s: a token every 100ms.
+	l, client := newTestRedis(t, throttle.PerSecond(10), 10, WithClock(clock))
+	ctx := ctxT(t)
+	lease := func(key string, min, max int, want grant) {
+		t.Helper()
+		got, err := l.lease(ctx, key, min, max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("lease(%q, %d, %d) at %v = %+v, want %+v", key, min, max, clock.Now().Sub(throttletest.T0), got, want)
+		}
+	}
+	ms := time.Millisecond
+	lease("a", 3, 8, grant{granted: 8, remaining: 2, resetAfter: 800 * ms})
+	lease("a", 3, 8, grant{granted: 0, remaining: 2, retryAfter: 100 * ms, resetAfter: 800 * ms})
+	lease("a", 1, 8, grant{granted: 2, remaining: 0, resetAfter: time.Second})
+	clock.Advance(50 * ms)
+	lease("a", 1, 8, grant{granted: 0, remaining: 0.5, retryAfter: 50 * ms, resetAfter: 950 * ms})
+	lease("a", 1, 100, grant{granted: 0, remaining: 0.5, retryAfter: 50 * ms, resetAfter: 950 * ms}) // max beyond burst
+	clock.Advance(200 * ms)
+	lease("a", 1, 100, grant{granted: 2, remaining: 0.5, resetAfter: 950 * ms})
+
+	// giveBack does not move the refill timeline: tokens stored at the
+	// last admission (250ms) grow by n, and refill still counts from there.
+	clock.Advance(30 * ms) // 280ms: 0.8 tokens
+	if err := l.giveBack(ctx, "a", 3); err != nil {
+		t.Fatal(err)
+	}
+	lease("a", 1, 10, grant{granted: 3, remaining: 0.8, resetAfter: 920 * ms})
+	ttl := client.PTTL(ctx, rediskey.Key(l.prefix, "a")).Val()
+	if ttl > 920*ms || ttl < 870*ms {
+		t.Fatalf("PTTL after lease = %v, want about 920ms", ttl)
+	}
+	if err := l.giveBack(ctx, "a", 2); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := client.PTTL(ctx, rediskey.Key(l.prefix, "a")).Val(); ttl > 720*ms || ttl < 670*ms {
+		t.Fatalf("PTTL after giving 2 back = %v, want about 720ms (full 200ms earlier)", ttl)
+	}
+
+	// Giving back more than is missing caps at burst: the key is full, so
+	// it is deleted, which reads the same.
+	if err := l.giveBack(ctx, "a", 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.Exists(ctx, rediskey.Key(l.prefix, "a")).Val(); n != 0 {
+		t.Fatal("a full bucket's key still exists")
+	}
+	lease("a", 10, 10, grant{granted: 10, remaining: 0, resetAfter: time.Second})
+
+	// A missing key is full and stays missing.
+	if err := l.giveBack(ctx, "missing", 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.Exists(ctx, rediskey.Key(l.prefix, "missing")).Val(); n != 0 {
+		t.Fatal("giveBack created a key")
+	}
+	if err := l.giveBack(ctx, "missing", 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRedisGiveBackServerTime runs lease and giveBack on the server's
+// TIME.
+func TestRedisGiveBackServerTime(t *testing.T) {
+	l, client := newTestRedis(t, throttle.PerHour(10), 10) // no refill to speak of
+	ctx := ctxT(t)
+	g, err := l.lease(ctx, "k", 5, 10)
+	if err != nil || g.granted != 10 {
+		t.Fatalf("lease = %+v, %v", g, err)
+	}
+	if err := l.giveBack(ctx, "k", 4); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := client.PTTL(ctx, rediskey.Key(l.prefix, "k")).Val(); ttl > 36*time.Minute || ttl < 35*time.Minute {
+		t.Fatalf("PTTL = %v, want about 36m (6 tokens at 10/h)", ttl)
+	}
+	d, err := l.AllowN(ctx, "k", 4)
+	if err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("AllowN(4) after giving 4 back = %+v, %v", d, err)
+	}
+}
+
+// TestRedisConcurrent has two clients with 8 goroutines each hammer one
+// key for 2s at 100/1s, burst 10: in any span, certainly-contained
+// admissions never exceed burst + refill.
+func TestRedisConcurrent(t *testing.T) {
+	srv := redistest.Shared(t)
+	r := throttle.PerSecond(100)
+	const burst = 10
+	prefix := freshPrefix()
+	var (
+		mu  sync.Mutex
+		adm []throttletest.TimedAdmission
+		wg  sync.WaitGroup
+	)
+	total := 0
+	stop := time.Now().Add(2 * time.Second)
+	for c := 0; c < 2; c++ {
+		l, err := NewRedis(srv.Client(t), r, burst, WithPrefix(prefix), WithTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var mine []throttletest.TimedAdmission
+				calls := 0
+				for time.Now().Before(stop) {
+					sent := time.Now()
+					d, err := l.AllowN(context.Background(), "shared", 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					calls++
+					if d.Allowed {
+						mine = append(mine, throttletest.TimedAdmission{Sent: sent, Returned: time.Now()})
+					}
+				}
+				mu.Lock()
+				adm = append(adm, mine...)
+				total += calls
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	for _, span := range []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, time.Second} {
+		throttletest.CheckBucketAdmissions(t, adm, r, burst, span, time.Millisecond)
+	}
+	// 10 + 200 if nothing stalls.
+	if len(adm) < 150 || len(adm) > 211 {
+		t.Fatalf("%d admissions in 2s at %v burst %d, want about 210", len(adm), r, burst)
+	}
+	t.Logf("%d admissions of %d decisions", len(adm), total)
+}
+
+// TestRedisTimeout pauses a private server: AllowN must give up within the
+// timeout (+20ms), with an error.
+func TestRedisTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	const timeout = 50 * time.Millisecond
+	l, err := NewRedis(client, throttle.PerSecond(10), 5, WithTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.AllowN(context.Background(), "k", 1); err != nil { // warm the pool and the script
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		_, err := l.AllowN(context.Background(), "k", 1)
+		took := time.Since(start)
+		if err == nil || !strings.HasPrefix(err.Error(), "bucket: redis: ") {
+			t.Fatalf("AllowN on a paused server: %v, want a \"bucket: redis: \" error", err)
+		}
+		if took > timeout+20*time.Millisecond {
+			t.Fatalf("AllowN on a paused server took %v, want <= %v", took, timeout+20*time.Millisecond)
+		}
+		start = time.Now()
+		if err := l.giveBack(context.Background(), "k", 1); err == nil {
+			t.Fatal("giveBack on a paused server: no error")
+		}
+		if took := time.Since(start); took > timeout+20*time.Millisecond {
+			t.Fatalf("giveBack on a paused server took %v, want <= %v", took, timeout+20*time.Millisecond)
+		}
+	}
+	// A caller's earlier deadline wins.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := l.AllowN(ctx, "k", 1); err == nil {
+		t.Fatal("no error")
+	}
+	if took := time.Since(start); took > 30*time.Millisecond {
+		t.Fatalf("AllowN with a 10ms context took %v", took)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.AllowN(context.Background(), "k", 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("after Resume: %+v, %v", d, err)
+	}
+}

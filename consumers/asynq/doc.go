@@ -1,0 +1,156 @@
+// Package asynqthrottle gates asynq task handlers with a throttle.Gate:
+// every task is decided before its handler runs; admitted tasks run,
+// rejected ones come back after their retry-after without using up a
+// retry, and every decision is traced with OpenTelemetry.
+//
+// # Wiring
+//
+// Three pieces go together: the middleware, and two asynq.Config hooks.
+//
+//	srv := asynq.NewServer(redisOpt, asynq.Config{
+//		IsFailure:      asynqthrottle.IsFailure,           // throttling is not a failure
+//		RetryDelayFunc: asynqthrottle.RetryDelayFunc(nil), // come back after the retry-after
+//		ErrorHandler:   ...,                               // sees rejections too, see below
+//	})
+//	mux := asynq.NewServeMux()
+//	mux.Use(asynqthrottle.Middleware(gate, asynqthrottle.WithClient(client)))
+//
+// NewHandler wraps a single asynq.Handler the same way. IsFailure composes
+// with a function of your own (IsFailure(err) && mine(err)), and
+// RetryDelayFunc takes the delay function for genuine failures (nil means
+// asynq.DefaultRetryDelayFunc). Without IsFailure in the Config, every
+// rejection counts as a failure and increments the retry count; without
+// RetryDelayFunc, a rejected task waits asynq's default backoff (15 s and
+// more) instead of its retry-after.
+//
+// # What happens to each task
+//
+// The task's key (default: its type; WithKeyFunc) and cost (default 1;
+// WithCostFunc) go to Gate.Admit. Then:
+//
+//   - Admitted: the wrapped handler runs and its result goes to asynq
+//     unchanged. Genuine errors and panics keep asynq's semantics: the
+//     retry count grows, RetryDelayFunc asks the fallback, and the task is
+//     archived after MaxRetry.
+//   - Rejected, with retries left: the wrapped handler does not run; the
+//     handler returns a *RateLimitError carrying the Decision (RetryIn is
+//     its RetryAfter). It matches throttle.ErrLimited with errors.Is, and
+//     errors.As finds it as *RateLimitError and as *throttle.LimitedError.
+//     IsFailure reports false for it, so asynq neither increments the retry
+//     count nor counts the task in its processed and failed statistics,
+//     and RetryDelayFunc schedules the retry no earlier than RetryIn.
+//   - Rejected on its last attempt: see the first trap below.
+//   - Never admissible: a key or cost function error, or a request the Gate
+//     refuses as a usage error (throttle.IsUsageError: a cost above the
+//     limit, a key the limiter cannot use), or a rejection with RetryAfter
+//     throttle.Never. Retrying cannot help and must not loop, so the
+//     handler returns an error wrapping throttle.ErrInvalidKey or
+//     throttle.ErrInvalidCost and asynq.SkipRetry: asynq archives the task
+//     at once, where an operator sees it with its error.
+//
+// # Guarantees
+//
+// The wrapped handler never runs for a rejected task. A rejected task is
+// decided again no earlier than its retry-after, with its retry count
+// unchanged, and is never archived because of throttling, whatever its
+// MaxRetry or retry count, with one exception each for the two ways of
+// handling the last attempt (below). No task is lost or run twice because
+// of throttling, except as noted for the re-enqueued copy.
+//
+// # Trap 1: the last attempt
+//
+// asynq archives a task whose retry count has reached its MaxRetry before
+// it asks IsFailure: returning any error then archives the task, so the
+// asynq documentation's rate-limit idiom archives a throttled task with
+// MaxRetry(0), or on its last genuine attempt. The handler detects that
+// case (asynq.GetRetryCount >= asynq.GetMaxRetry) and does not return the
+// rejection:
+//
+// With WithClient, it enqueues a copy of the task to run once the
+// retry-after has passed (asynq.ProcessAt the retry instant rounded up to a
+// whole second, for the reason in trap 2), and returns nil only once the
+// copy is enqueued, so asynq marks the original done (or completed, when
+// it has a Retention) and counts it as processed. The copy keeps the type,
+// payload, headers (so its trace context too), queue, and the remaining
+// retry budget: MaxRetry is
+// the original's MaxRetry minus its retry count, and its retry count starts
+// at 0. It keeps the time limit as far as the handler can see it: asynq
+// gives the handler only the absolute deadline of this run, computed as
+// now + Timeout (whole seconds) or as the task's Deadline (a whole second),
+// so a deadline on a whole second is kept as a Deadline, and any other
+// becomes a Timeout of the time left when the handler started, rounded up
+// to a whole second (the original Timeout, unless middleware before this
+// one took a second or more). A task with both a Timeout and a Deadline
+// keeps the one that applied to this run, as a Deadline. The copy does not
+// keep a Unique lock (the original holds it until it is done), a
+// Retention, or a Group. Its ID is CopyTaskID of the original's: if the
+// original runs again after its copy was enqueued (asynq could not mark it
+// done), the enqueue finds the copy by its ID (asynq.ErrTaskIDConflict)
+// and the original completes without a second copy. If the enqueue fails,
+// the handler returns the *RateLimitError with the enqueue error in its Err
+// field: asynq's own path then archives the original, with that error as
+// its last error, and the ErrorHandler sees it. This is the exception: a
+// task is archived when the broker cannot take its copy.
+//
+// Without WithClient, the task waits in the handler, holding its worker,
+// until its retry-after has passed, and is decided again, as often as it
+// takes. The wait is bounded by the task's deadline: a task whose
+// retry-after ends after its deadline is not kept waiting; the handler
+// returns the *RateLimitError (its Err says why) and asynq archives it.
+// This is the exception of this path; WithClient avoids it. A waiting task
+// counts against Concurrency, and during Shutdown it holds its worker
+// until ShutdownTimeout, when asynq puts it back in its queue (not
+// archived) and cancels its context, which ends the wait.
+//
+// # Trap 2: whole-second retry times
+//
+// asynq stores the time of a retry as whole Unix seconds (processAt.Unix(),
+// the score of the retry set) and moves a task back to pending once that
+// score is <= the current Unix second, every DelayedTaskCheckInterval
+// (default 5 s). A delay of exactly the retry-after can therefore bring a
+// task back up to a second early. RetryDelayFunc returns the time until the
+// decision instant plus the retry-after, rounded up to a whole second, so
+// the truncated score is never before the retry-after; for a rejection
+// without a decision instant (a *RateLimitError or *throttle.LimitedError
+// built elsewhere) it returns the retry-after plus one second, since
+// floor(now+d+1s) > now+d. A throttled task therefore comes back between
+// its retry-after and about one second plus DelayedTaskCheckInterval
+// later; set DelayedTaskCheckInterval low (for example 1 s) where that
+// matters. The re-enqueued copy of trap 1 is scheduled the same way.
+//
+// # ErrorHandler
+//
+// asynq calls Config.ErrorHandler for every error a handler returns,
+// including each *RateLimitError of a rejected task. Filter rejections with
+// errors.Is(err, throttle.ErrLimited) if they are not of interest; a
+// *RateLimitError whose Err is set is worth reporting (the task is about to
+// be archived). A task completed by re-enqueueing returns nil and is not
+// reported.
+//
+// # Tracing
+//
+// The handler extracts the producer's trace context from the task headers
+// (through a read-only map carrier that matches keys whatever their case;
+// nil headers are fine) with the configured propagator (WithPropagators;
+// default the global one, or W3C trace context while the global one
+// propagates nothing), and starts a CONSUMER span named "process <queue>"
+// ("process <task type>" outside an asynq.Server) as its child. Producers
+// put their trace context in the headers with InjectTraceContext. The span
+// carries the messaging attributes of semconv v1.43.0: messaging.system
+// "asynq", messaging.destination.name (the queue), messaging.operation.type
+// "process", messaging.operation.name "process", messaging.message.id (the
+// task ID) and messaging.message.body.size; and asynq.task.type,
+// asynq.retry_count, asynq.max_retry, throttle.disposition (handled, retry,
+// requeued or archive), throttle.waits (waits on the last attempt) and
+// throttle.copy_id (the re-enqueued copy's ID). The Gate's decision span,
+// throttle.admit, is a child of the process span, and the wrapped handler
+// runs with the process span in its context. A rejection is not an error
+// status; a genuine failure, a panic, a never-admissible task and a task
+// about to be archived are (RecordError, codes.Error).
+//
+// # Configuration errors
+//
+// Middleware and NewHandler have no error return and do not panic: with a
+// nil Gate or handler, every task gets an error wrapping
+// throttle.ErrInvalidOption, a genuine failure to asynq, and nothing runs.
+package asynqthrottle

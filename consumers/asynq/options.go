@@ -1,0 +1,105 @@
+package asynqthrottle
+
+import (
+	"context"
+
+	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Option configures Middleware and NewHandler. Options that get a nil value
+// keep the default.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	keyFunc        func(context.Context, *asynq.Task) (string, error)
+	costFunc       func(context.Context, *asynq.Task) (int, error)
+	client         *asynq.Client
+	tracerProvider trace.TracerProvider
+	propagators    propagation.TextMapPropagator
+}
+
+func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) { return t.Type(), nil }
+
+func newConfig(opts []Option) config {
+	c := config{keyFunc: taskTypeKey}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if c.tracerProvider == nil {
+		c.tracerProvider = otel.GetTracerProvider()
+	}
+	if c.propagators == nil {
+		c.propagators = globalPropagator{}
+	}
+	return c
+}
+
+// WithKeyFunc sets how a task's limiter key is derived. The default is the
+// task type. A key function that returns an error marks the task as one
+// that can never be admitted: it is archived (see the package
+// documentation). Nil keeps the default.
+func WithKeyFunc(f func(ctx context.Context, t *asynq.Task) (string, error)) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.keyFunc = f
+		}
+	})
+}
+
+// WithCostFunc sets the cost n charged for a task. The default charges 1
+// per task. An error, like a cost the limiter refuses (n < 1 or more than
+// its limit), marks the task as never admissible: it is archived. Nil keeps
+// the default.
+func WithCostFunc(f func(ctx context.Context, t *asynq.Task) (int, error)) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.costFunc = f
+		}
+	})
+}
+
+// WithClient gives the middleware a client of the server's Redis, with
+// which it re-enqueues a copy of a task rejected on its last attempt (when
+// asynq would archive it if it returned an error): see the package
+// documentation. Without it, such a task waits in the handler for its
+// retry-after instead. Nil keeps the default (no client).
+func WithClient(c *asynq.Client) Option {
+	return optionFunc(func(cfg *config) {
+		if c != nil {
+			cfg.client = c
+		}
+	})
+}
+
+// WithTracerProvider sets the provider of the process spans. Nil means the
+// global provider (otel.GetTracerProvider()). The Gate's decision spans come
+// from the Gate's own provider.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) {
+		if tp != nil {
+			c.tracerProvider = tp
+		}
+	})
+}
+
+// WithPropagators sets the propagator that extracts the producer's trace
+// context from the task headers. Nil means the global propagator
+// (otel.GetTextMapPropagator()), or W3C trace context
+// (propagation.TraceContext) while the global one propagates nothing, the
+// same rule as InjectTraceContext.
+func WithPropagators(p propagation.TextMapPropagator) Option {
+	return optionFunc(func(c *config) {
+		if p != nil {
+			c.propagators = p
+		}
+	})
+}
