@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/queuethrottle/queuethrottle/internal/benchtest"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -22,42 +23,17 @@ func BenchmarkLocal(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	b.Run("seq", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := l.AllowN(ctx, "key", 1); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := l.AllowN(ctx, "key", 1); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
+	benchtest.SeqAndParallel(b, 0, func(int) error {
+		_, err := l.AllowN(ctx, "key", 1)
+		return err
 	})
 }
 
 func BenchmarkXTimeRate(b *testing.B) {
 	l := rate.NewLimiter(rate.Limit(benchRate), 1000)
-	b.Run("seq", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			l.AllowN(time.Now(), 1)
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				l.AllowN(time.Now(), 1)
-			}
-		})
+	benchtest.SeqAndParallel(b, 0, func(int) error {
+		l.AllowN(time.Now(), 1)
+		return nil
 	})
 }
 
@@ -76,49 +52,14 @@ func BenchmarkRedisBucket(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	b.Run("seq", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := l.AllowN(ctx, "key", 1); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := l.AllowN(ctx, "key", 1); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
+	benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
+		_, err := l.AllowN(ctx, "key", 1)
+		return err
 	})
 }
 
 func BenchmarkRedisPing(b *testing.B) {
 	client := redistest.Shared(b).Client(b)
 	ctx := context.Background()
-	b.Run("seq", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if err := client.Ping(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := client.Ping(ctx).Err(); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	})
+	benchtest.SeqAndParallel(b, benchParallelism, func(int) error { return client.Ping(ctx).Err() })
 }

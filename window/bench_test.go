@@ -3,12 +3,12 @@ package window
 import (
 	"context"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/benchtest"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -34,85 +34,26 @@ var benchKeys = func() []string {
 func BenchmarkRedisPing(b *testing.B) {
 	client := redistest.Shared(b).Client(b)
 	ctx := context.Background()
-	b.Run("seq", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if err := client.Ping(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := client.Ping(ctx).Err(); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	})
+	benchtest.SeqAndParallel(b, benchParallelism, func(int) error { return client.Ping(ctx).Err() })
 }
 
 func BenchmarkRedisWindow(b *testing.B) {
 	client := redistest.Shared(b).Client(b)
 	ctx := context.Background()
-	newLimiter := func(b *testing.B) *Redis {
-		l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		return l
+	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()))
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.Run("seq/one-key", func(b *testing.B) {
-		l := newLimiter(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := l.Allow(ctx, "one"); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("seq/many-keys", func(b *testing.B) {
-		l := newLimiter(b)
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			if _, err := l.Allow(ctx, benchKeys[i%len(benchKeys)]); err != nil {
-				b.Fatal(err)
-			}
-			i++
-		}
-	})
-	b.Run("parallel/one-key", func(b *testing.B) {
-		l := newLimiter(b)
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := l.Allow(ctx, "one"); err != nil {
-					b.Error(err)
-					return
-				}
-			}
+	b.Run("one-key", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
+			_, err := l.Allow(ctx, "one")
+			return err
 		})
 	})
-	b.Run("parallel/many-keys", func(b *testing.B) {
-		l := newLimiter(b)
-		var g atomic.Int64
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			i := int(g.Add(1)) * 97
-			for pb.Next() {
-				if _, err := l.Allow(ctx, benchKeys[i%len(benchKeys)]); err != nil {
-					b.Error(err)
-					return
-				}
-				i++
-			}
+	b.Run("many-keys", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
+			_, err := l.Allow(ctx, benchKeys[i%len(benchKeys)])
+			return err
 		})
 	})
 }
@@ -151,49 +92,20 @@ func (p *pipelineWindow) allow(ctx context.Context, key string) (bool, error) {
 func BenchmarkPipelineWindow(b *testing.B) {
 	client := redistest.Shared(b).Client(b)
 	ctx := context.Background()
-	newPipeline := func(b *testing.B) *pipelineWindow {
-		p := &pipelineWindow{client: client, rate: benchRate, prefix: freshPrefix()}
-		if err := p.member.init(); err != nil {
-			b.Fatal(err)
-		}
-		return p
+	p := &pipelineWindow{client: client, rate: benchRate, prefix: freshPrefix()}
+	if err := p.member.init(); err != nil {
+		b.Fatal(err)
 	}
-	b.Run("seq/one-key", func(b *testing.B) {
-		p := newPipeline(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := p.allow(ctx, "one"); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("parallel/one-key", func(b *testing.B) {
-		p := newPipeline(b)
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := p.allow(ctx, "one"); err != nil {
-					b.Error(err)
-					return
-				}
-			}
+	b.Run("one-key", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
+			_, err := p.allow(ctx, "one")
+			return err
 		})
 	})
-	b.Run("parallel/many-keys", func(b *testing.B) {
-		p := newPipeline(b)
-		var g atomic.Int64
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			i := int(g.Add(1)) * 97
-			for pb.Next() {
-				if _, err := p.allow(ctx, benchKeys[i%len(benchKeys)]); err != nil {
-					b.Error(err)
-					return
-				}
-				i++
-			}
+	b.Run("many-keys", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
+			_, err := p.allow(ctx, benchKeys[i%len(benchKeys)])
+			return err
 		})
 	})
 }

@@ -1,10 +1,6 @@
 package window
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
-	"sync/atomic"
 	"testing"
 
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
@@ -13,19 +9,6 @@ import (
 // TestMain stops the shared redis-server after the tests.
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-var (
-	runID     = newRunID()
-	prefixSeq atomic.Int64
-)
-
-func newRunID() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // freshPrefix returns a key prefix no other limiter of this or an earlier
 // test run uses, so tests can share one Redis.
-func freshPrefix() string {
-	return fmt.Sprintf("test:%s:%d:", runID, prefixSeq.Add(1))
-}
+func freshPrefix() string { return redistest.Prefix("window") }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/benchtest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/window"
 )
@@ -24,21 +25,9 @@ func BenchmarkMemory(b *testing.B) {
 		keys[i] = "tenant-" + strconv.Itoa(i)
 	}
 	b.Run("one-key", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := m.AllowN(ctx, "k", 1); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("one-key-parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := m.AllowN(ctx, "k", 1); err != nil {
-					b.Fatal(err)
-				}
-			}
+		benchtest.SeqAndParallel(b, 0, func(int) error {
+			_, err := m.AllowN(ctx, "k", 1)
+			return err
 		})
 	})
 	b.Run("10k-keys", func(b *testing.B) {

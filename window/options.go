@@ -1,6 +1,7 @@
 package window
 
 import (
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -51,10 +52,8 @@ func WithClock(c throttle.Clock) Option {
 // Memory ignores it.
 func WithPrefix(p string) Option {
 	return optionFunc(func(cfg *config) error {
-		for i := 0; i < len(p); i++ {
-			if p[i] == '{' || p[i] == '}' {
-				return &throttle.OptionError{Field: "WithPrefix", Reason: "must not contain '{' or '}' (they would break the Redis Cluster hash tag)"}
-			}
+		if !rediskey.CheckPrefix(p) {
+			return &throttle.OptionError{Field: "WithPrefix", Reason: "must not contain '{' or '}' (they would break the Redis Cluster hash tag)"}
 		}
 		cfg.prefix = p
 		return nil

@@ -2,7 +2,6 @@ package throttletest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -17,26 +16,12 @@ import (
 // store: a fresh key prefix).
 type NewBucketFunc func(t *testing.T, r throttle.Rate, burst int, c throttle.Clock) throttle.Limiter
 
-// bucketStep is one decision of a bucket table: at T0+at, AllowN(key, n)
-// must return the Decision described. n == 0 means 1.
-type bucketStep struct {
-	at         time.Duration
-	key        string // appended to the table's key
-	n          int
-	allowed    bool
-	remaining  int
-	retryAfter time.Duration
-	resetAfter time.Duration
-}
-
 type bucketTable struct {
 	name  string
 	rate  throttle.Rate
 	burst int
-	steps []bucketStep
+	steps []step
 }
-
-const bms = time.Millisecond
 
 // bucketTables are the token-bucket rules as step tables. The expected
 // values are exact: tokens = min(burst, tokens + elapsed × Count/Per);
@@ -48,17 +33,17 @@ var bucketTables = []bucketTable{
 		name:  "burst then refill",
 		rate:  throttle.Rate{Count: 10, Per: time.Second},
 		burst: 3,
-		steps: []bucketStep{
-			{at: 0, allowed: true, remaining: 2, resetAfter: 100 * bms},
-			{at: 0, allowed: true, remaining: 1, resetAfter: 200 * bms},
-			{at: 0, allowed: true, remaining: 0, resetAfter: 300 * bms},
-			{at: 0, allowed: false, remaining: 0, retryAfter: 100 * bms, resetAfter: 300 * bms},
-			{at: 50 * bms, allowed: false, remaining: 0, retryAfter: 50 * bms, resetAfter: 250 * bms},
-			{at: 99 * bms, allowed: false, remaining: 0, retryAfter: 1 * bms, resetAfter: 201 * bms},
-			{at: 100 * bms, allowed: true, remaining: 0, resetAfter: 300 * bms},
-			{at: 250 * bms, allowed: true, remaining: 0, resetAfter: 250 * bms}, // half a token left
-			{at: 300 * bms, allowed: true, remaining: 0, resetAfter: 300 * bms}, // exactly one more by 300ms
-			{at: time.Second, allowed: true, remaining: 2, resetAfter: 100 * bms},
+		steps: []step{
+			{at: 0, allowed: true, remaining: 2, resetAfter: 100 * ms},
+			{at: 0, allowed: true, remaining: 1, resetAfter: 200 * ms},
+			{at: 0, allowed: true, remaining: 0, resetAfter: 300 * ms},
+			{at: 0, allowed: false, remaining: 0, retryAfter: 100 * ms, resetAfter: 300 * ms},
+			{at: 50 * ms, allowed: false, remaining: 0, retryAfter: 50 * ms, resetAfter: 250 * ms},
+			{at: 99 * ms, allowed: false, remaining: 0, retryAfter: 1 * ms, resetAfter: 201 * ms},
+			{at: 100 * ms, allowed: true, remaining: 0, resetAfter: 300 * ms},
+			{at: 250 * ms, allowed: true, remaining: 0, resetAfter: 250 * ms}, // half a token left
+			{at: 300 * ms, allowed: true, remaining: 0, resetAfter: 300 * ms}, // exactly one more by 300ms
+			{at: time.Second, allowed: true, remaining: 2, resetAfter: 100 * ms},
 		},
 	},
 	{
@@ -67,15 +52,15 @@ var bucketTables = []bucketTable{
 		name:  "fractional waits 5/2s",
 		rate:  throttle.Rate{Count: 5, Per: 2 * time.Second},
 		burst: 1,
-		steps: []bucketStep{
-			{at: 0, allowed: true, remaining: 0, resetAfter: 400 * bms},
-			{at: 0, allowed: false, remaining: 0, retryAfter: 400 * bms, resetAfter: 400 * bms},
-			{at: 150 * bms, allowed: false, remaining: 0, retryAfter: 250 * bms, resetAfter: 250 * bms},
-			{at: 399 * bms, allowed: false, remaining: 0, retryAfter: 1 * bms, resetAfter: 1 * bms},
-			{at: 399*bms + 500*time.Microsecond, allowed: false, remaining: 0, retryAfter: 1 * bms, resetAfter: 1 * bms},
-			{at: 400 * bms, allowed: true, remaining: 0, resetAfter: 400 * bms},
-			{at: 400 * bms, allowed: false, remaining: 0, retryAfter: 400 * bms, resetAfter: 400 * bms},
-			{at: 1200 * bms, allowed: true, remaining: 0, resetAfter: 400 * bms},
+		steps: []step{
+			{at: 0, allowed: true, remaining: 0, resetAfter: 400 * ms},
+			{at: 0, allowed: false, remaining: 0, retryAfter: 400 * ms, resetAfter: 400 * ms},
+			{at: 150 * ms, allowed: false, remaining: 0, retryAfter: 250 * ms, resetAfter: 250 * ms},
+			{at: 399 * ms, allowed: false, remaining: 0, retryAfter: 1 * ms, resetAfter: 1 * ms},
+			{at: 399*ms + 500*time.Microsecond, allowed: false, remaining: 0, retryAfter: 1 * ms, resetAfter: 1 * ms},
+			{at: 400 * ms, allowed: true, remaining: 0, resetAfter: 400 * ms},
+			{at: 400 * ms, allowed: false, remaining: 0, retryAfter: 400 * ms, resetAfter: 400 * ms},
+			{at: 1200 * ms, allowed: true, remaining: 0, resetAfter: 400 * ms},
 		},
 	},
 	{
@@ -83,33 +68,33 @@ var bucketTables = []bucketTable{
 		name:  "fractional waits 3/1s",
 		rate:  throttle.Rate{Count: 3, Per: time.Second},
 		burst: 1,
-		steps: []bucketStep{
-			{at: 0, allowed: true, remaining: 0, resetAfter: 334 * bms},
-			{at: 0, allowed: false, remaining: 0, retryAfter: 334 * bms, resetAfter: 334 * bms},
-			{at: 333 * bms, allowed: false, remaining: 0, retryAfter: 1 * bms, resetAfter: 1 * bms},
-			{at: 333333 * time.Microsecond, allowed: false, remaining: 0, retryAfter: 1 * bms, resetAfter: 1 * bms},
-			{at: 333334 * time.Microsecond, allowed: true, remaining: 0, resetAfter: 334 * bms},
+		steps: []step{
+			{at: 0, allowed: true, remaining: 0, resetAfter: 334 * ms},
+			{at: 0, allowed: false, remaining: 0, retryAfter: 334 * ms, resetAfter: 334 * ms},
+			{at: 333 * ms, allowed: false, remaining: 0, retryAfter: 1 * ms, resetAfter: 1 * ms},
+			{at: 333333 * time.Microsecond, allowed: false, remaining: 0, retryAfter: 1 * ms, resetAfter: 1 * ms},
+			{at: 333334 * time.Microsecond, allowed: true, remaining: 0, resetAfter: 334 * ms},
 			// The bucket was full (capped at 1 token) at 333334µs, so the
 			// next token comes at 333334µs + 333333.3µs = 666667.3µs.
-			{at: 666667 * time.Microsecond, allowed: false, remaining: 0, retryAfter: 1 * bms, resetAfter: 1 * bms},
-			{at: 666668 * time.Microsecond, allowed: true, remaining: 0, resetAfter: 334 * bms},
-			{at: 666668 * time.Microsecond, allowed: false, remaining: 0, retryAfter: 334 * bms, resetAfter: 334 * bms},
+			{at: 666667 * time.Microsecond, allowed: false, remaining: 0, retryAfter: 1 * ms, resetAfter: 1 * ms},
+			{at: 666668 * time.Microsecond, allowed: true, remaining: 0, resetAfter: 334 * ms},
+			{at: 666668 * time.Microsecond, allowed: false, remaining: 0, retryAfter: 334 * ms, resetAfter: 334 * ms},
 		},
 	},
 	{
 		// 10/100ms: a token every 10ms.
 		name:  "sub-second refill 10/100ms",
-		rate:  throttle.Rate{Count: 10, Per: 100 * bms},
+		rate:  throttle.Rate{Count: 10, Per: 100 * ms},
 		burst: 5,
-		steps: []bucketStep{
-			{at: 0, n: 5, allowed: true, remaining: 0, resetAfter: 50 * bms},
-			{at: 0, allowed: false, remaining: 0, retryAfter: 10 * bms, resetAfter: 50 * bms},
-			{at: 10 * bms, allowed: true, remaining: 0, resetAfter: 50 * bms},
-			{at: 25 * bms, allowed: true, remaining: 0, resetAfter: 45 * bms},
-			{at: 25 * bms, n: 2, allowed: false, remaining: 0, retryAfter: 15 * bms, resetAfter: 45 * bms},
-			{at: 40 * bms, n: 2, allowed: true, remaining: 0, resetAfter: 50 * bms},
-			{at: 40*bms + 500*time.Microsecond, allowed: false, remaining: 0, retryAfter: 10 * bms, resetAfter: 50 * bms},
-			{at: 90 * bms, allowed: true, remaining: 4, resetAfter: 10 * bms},
+		steps: []step{
+			{at: 0, n: 5, allowed: true, remaining: 0, resetAfter: 50 * ms},
+			{at: 0, allowed: false, remaining: 0, retryAfter: 10 * ms, resetAfter: 50 * ms},
+			{at: 10 * ms, allowed: true, remaining: 0, resetAfter: 50 * ms},
+			{at: 25 * ms, allowed: true, remaining: 0, resetAfter: 45 * ms},
+			{at: 25 * ms, n: 2, allowed: false, remaining: 0, retryAfter: 15 * ms, resetAfter: 45 * ms},
+			{at: 40 * ms, n: 2, allowed: true, remaining: 0, resetAfter: 50 * ms},
+			{at: 40*ms + 500*time.Microsecond, allowed: false, remaining: 0, retryAfter: 10 * ms, resetAfter: 50 * ms},
+			{at: 90 * ms, allowed: true, remaining: 4, resetAfter: 10 * ms},
 		},
 	},
 	{
@@ -117,19 +102,19 @@ var bucketTables = []bucketTable{
 		name:  "period with a sub-millisecond part 2/1000.5ms",
 		rate:  throttle.Rate{Count: 2, Per: time.Second + 500*time.Microsecond},
 		burst: 2,
-		steps: []bucketStep{
-			{at: 0, allowed: true, remaining: 1, resetAfter: 501 * bms},
-			{at: 0, allowed: true, remaining: 0, resetAfter: 1001 * bms},
-			{at: 0, allowed: false, remaining: 0, retryAfter: 501 * bms, resetAfter: 1001 * bms},
-			{at: 500 * bms, allowed: false, remaining: 0, retryAfter: 1 * bms, resetAfter: 501 * bms},
-			{at: 500250 * time.Microsecond, allowed: true, remaining: 0, resetAfter: 1001 * bms},
+		steps: []step{
+			{at: 0, allowed: true, remaining: 1, resetAfter: 501 * ms},
+			{at: 0, allowed: true, remaining: 0, resetAfter: 1001 * ms},
+			{at: 0, allowed: false, remaining: 0, retryAfter: 501 * ms, resetAfter: 1001 * ms},
+			{at: 500 * ms, allowed: false, remaining: 0, retryAfter: 1 * ms, resetAfter: 501 * ms},
+			{at: 500250 * time.Microsecond, allowed: true, remaining: 0, resetAfter: 1001 * ms},
 		},
 	},
 	{
 		name:  "long idle caps at burst",
 		rate:  throttle.Rate{Count: 1, Per: time.Second},
 		burst: 3,
-		steps: []bucketStep{
+		steps: []step{
 			{at: 0, n: 3, allowed: true, remaining: 0, resetAfter: 3 * time.Second},
 			{at: time.Hour, allowed: true, remaining: 2, resetAfter: time.Second},
 			{at: time.Hour, n: 3, allowed: false, remaining: 2, retryAfter: time.Second, resetAfter: time.Second},
@@ -143,29 +128,29 @@ var bucketTables = []bucketTable{
 		name:  "cost n > 1",
 		rate:  throttle.Rate{Count: 4, Per: time.Second},
 		burst: 10,
-		steps: []bucketStep{
+		steps: []step{
 			{at: 0, n: 4, allowed: true, remaining: 6, resetAfter: time.Second},
 			{at: 0, n: 4, allowed: true, remaining: 2, resetAfter: 2 * time.Second},
-			{at: 0, n: 4, allowed: false, remaining: 2, retryAfter: 500 * bms, resetAfter: 2 * time.Second},
-			{at: 100 * bms, n: 4, allowed: false, remaining: 2, retryAfter: 400 * bms, resetAfter: 1900 * bms},
-			{at: 100 * bms, n: 2, allowed: true, remaining: 0, resetAfter: 2400 * bms},
-			{at: 500 * bms, n: 10, allowed: false, remaining: 2, retryAfter: 2 * time.Second, resetAfter: 2 * time.Second},
-			{at: 2500 * bms, n: 10, allowed: true, remaining: 0, resetAfter: 2500 * bms},
+			{at: 0, n: 4, allowed: false, remaining: 2, retryAfter: 500 * ms, resetAfter: 2 * time.Second},
+			{at: 100 * ms, n: 4, allowed: false, remaining: 2, retryAfter: 400 * ms, resetAfter: 1900 * ms},
+			{at: 100 * ms, n: 2, allowed: true, remaining: 0, resetAfter: 2400 * ms},
+			{at: 500 * ms, n: 10, allowed: false, remaining: 2, retryAfter: 2 * time.Second, resetAfter: 2 * time.Second},
+			{at: 2500 * ms, n: 10, allowed: true, remaining: 0, resetAfter: 2500 * ms},
 		},
 	},
 	{
 		name:  "keys are independent",
 		rate:  throttle.Rate{Count: 1, Per: time.Second},
 		burst: 1,
-		steps: []bucketStep{
+		steps: []step{
 			{at: 0, allowed: true, remaining: 0, resetAfter: time.Second},
 			{at: 0, key: "/b", allowed: true, remaining: 0, resetAfter: time.Second},
 			{at: 0, allowed: false, remaining: 0, retryAfter: time.Second, resetAfter: time.Second},
-			{at: 500 * bms, key: "/c", allowed: true, remaining: 0, resetAfter: time.Second},
-			{at: 500 * bms, key: "/b", allowed: false, remaining: 0, retryAfter: 500 * bms, resetAfter: 500 * bms},
+			{at: 500 * ms, key: "/c", allowed: true, remaining: 0, resetAfter: time.Second},
+			{at: 500 * ms, key: "/b", allowed: false, remaining: 0, retryAfter: 500 * ms, resetAfter: 500 * ms},
 			{at: time.Second, allowed: true, remaining: 0, resetAfter: time.Second},
 			{at: time.Second, key: "/b", allowed: true, remaining: 0, resetAfter: time.Second},
-			{at: time.Second, key: "/c", allowed: false, remaining: 0, retryAfter: 500 * bms, resetAfter: 500 * bms},
+			{at: time.Second, key: "/c", allowed: false, remaining: 0, retryAfter: 500 * ms, resetAfter: 500 * ms},
 		},
 	},
 }
@@ -193,26 +178,7 @@ func RunBucket(t *testing.T, newLimiter NewBucketFunc) {
 	for _, tc := range bucketTables {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := NewClock(T0)
-			l := newLimiter(t, tc.rate, tc.burst, clock)
-			key := "bucket/" + tc.name
-			for i, s := range tc.steps {
-				clock.Set(T0.Add(s.at))
-				n := max(s.n, 1)
-				got, err := l.AllowN(context.Background(), key+s.key, n)
-				if err != nil {
-					t.Fatalf("step %d (at %v, key %q, n %d): %v", i, s.at, s.key, n, err)
-				}
-				want := throttle.Decision{
-					Allowed:    s.allowed,
-					Limit:      tc.rate.Count,
-					Remaining:  s.remaining,
-					RetryAfter: s.retryAfter,
-					ResetAfter: s.resetAfter,
-				}
-				if !sameBucketDecision(got, want) {
-					t.Fatalf("step %d (at %v, key %q, n %d):\n got  %s\n want %s", i, s.at, s.key, n, fmtBucketDecision(got), fmtBucketDecision(want))
-				}
-			}
+			runSteps(t, newLimiter(t, tc.rate, tc.burst, clock), clock, "bucket/"+tc.name, tc.rate.Count, tc.steps)
 		})
 	}
 	t.Run("retrying faster than the refill", func(t *testing.T) { testBucketRetryFaster(t, newLimiter) })
@@ -220,17 +186,6 @@ func RunBucket(t *testing.T, newLimiter NewBucketFunc) {
 	t.Run("bad cost", func(t *testing.T) { testBucketBadCost(t, newLimiter) })
 	t.Run("clock going backwards", func(t *testing.T) { testBucketClockBackwards(t, newLimiter) })
 	t.Run("odd keys", func(t *testing.T) { testBucketOddKeys(t, newLimiter) })
-}
-
-// sameBucketDecision compares everything but Source.
-func sameBucketDecision(got, want throttle.Decision) bool {
-	got.Source, want.Source = 0, 0
-	return got == want
-}
-
-func fmtBucketDecision(d throttle.Decision) string {
-	return fmt.Sprintf("{Allowed:%v Limit:%d Remaining:%d RetryAfter:%v ResetAfter:%v}",
-		d.Allowed, d.Limit, d.Remaining, d.RetryAfter, d.ResetAfter)
 }
 
 // checkBucketInvariants checks what every bucket Decision must satisfy.
@@ -264,7 +219,7 @@ func testBucketRetryFaster(t *testing.T, newLimiter NewBucketFunc) {
 	clock := NewClock(T0)
 	l := newLimiter(t, r, 2, clock)
 	var got []time.Duration
-	for at := time.Duration(0); at < time.Second; at += bms {
+	for at := time.Duration(0); at < time.Second; at += ms {
 		clock.Set(T0.Add(at))
 		d, err := l.AllowN(context.Background(), "retry-every-ms", 1)
 		if err != nil {
@@ -277,7 +232,7 @@ func testBucketRetryFaster(t *testing.T, newLimiter NewBucketFunc) {
 	}
 	// Two at once from the burst (the second at 1ms), then one per 100ms:
 	// the 10 µs refilled by 1ms count towards the token at 100ms.
-	want := []time.Duration{0, 1 * bms, 100 * bms, 200 * bms, 300 * bms, 400 * bms, 500 * bms, 600 * bms, 700 * bms, 800 * bms, 900 * bms}
+	want := []time.Duration{0, 1 * ms, 100 * ms, 200 * ms, 300 * ms, 400 * ms, 500 * ms, 600 * ms, 700 * ms, 800 * ms, 900 * ms}
 	if !slices.Equal(got, want) {
 		t.Fatalf("admitted at %v, want %v", got, want)
 	}
@@ -293,7 +248,7 @@ func testBucketRetryAfterExact(t *testing.T, newLimiter NewBucketFunc) {
 	l := newLimiter(t, r, burst, clock)
 	const key = "retry-after-exact"
 	us := time.Microsecond
-	deltas := []time.Duration{0, 3 * us, 137250 * us, 1 * us, 401999 * us, 50 * bms, 0, 999 * us, 333333 * us}
+	deltas := []time.Duration{0, 3 * us, 137250 * us, 1 * us, 401999 * us, 50 * ms, 0, 999 * us, 333333 * us}
 	costs := []int{1, 2, 1, 1, 3, 1, 2, 4}
 	allow := func(at time.Duration, n int) throttle.Decision {
 		t.Helper()
@@ -323,7 +278,7 @@ func testBucketRetryAfterExact(t *testing.T, newLimiter NewBucketFunc) {
 		}
 		at += ra
 		if late := allow(at, n); !late.Allowed {
-			t.Fatalf("at %v, n %d: rejected exactly RetryAfter %v later: %s", at-ra, n, ra, fmtBucketDecision(late))
+			t.Fatalf("at %v, n %d: rejected exactly RetryAfter %v later: %s", at-ra, n, ra, fmtDecision(late))
 		}
 	}
 	if rejections < 10 {
@@ -334,22 +289,7 @@ func testBucketRetryAfterExact(t *testing.T, newLimiter NewBucketFunc) {
 // testBucketBadCost checks that n < 1 and n > burst are errors wrapping
 // throttle.ErrInvalidCost that take nothing.
 func testBucketBadCost(t *testing.T, newLimiter NewBucketFunc) {
-	r := throttle.Rate{Count: 1, Per: time.Second}
-	l := newLimiter(t, r, 3, NewClock(T0))
-	ctx := context.Background()
-	for _, n := range []int{0, -1, -1 << 62, 4, 1 << 40} {
-		d, err := l.AllowN(ctx, "bad-cost", n)
-		if !errors.Is(err, throttle.ErrInvalidCost) {
-			t.Fatalf("AllowN(n=%d) error = %v, want one wrapping throttle.ErrInvalidCost", n, err)
-		}
-		if d.Allowed {
-			t.Fatalf("AllowN(n=%d) admitted with an error", n)
-		}
-	}
-	d, err := l.AllowN(ctx, "bad-cost", 3)
-	if err != nil || !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("AllowN(n=3) after bad costs = %s, %v; want admitted with Remaining 0 (bad costs take nothing)", fmtBucketDecision(d), err)
-	}
+	checkBadCost(t, newLimiter(t, throttle.Rate{Count: 1, Per: time.Second}, 3, NewClock(T0)))
 }
 
 // testBucketClockBackwards moves the clock back: that must count as no
@@ -360,24 +300,14 @@ func testBucketClockBackwards(t *testing.T, newLimiter NewBucketFunc) {
 	clock := NewClock(T0)
 	l := newLimiter(t, r, 2, clock)
 	const key = "backwards"
-	steps := []bucketStep{
+	steps := []step{
 		{at: 10 * time.Second, allowed: true, remaining: 1, resetAfter: time.Second},
 		{at: 9 * time.Second, allowed: true, remaining: 0, resetAfter: 2 * time.Second}, // back 1s: no time passed
 		{at: 0, allowed: false, remaining: 0, retryAfter: time.Second, resetAfter: 2 * time.Second},
-		{at: 10500 * bms, allowed: false, remaining: 0, retryAfter: 500 * bms, resetAfter: 1500 * bms}, // refill from 10s, not 9s
+		{at: 10500 * ms, allowed: false, remaining: 0, retryAfter: 500 * ms, resetAfter: 1500 * ms}, // refill from 10s, not 9s
 		{at: 11 * time.Second, allowed: true, remaining: 0, resetAfter: 2 * time.Second},
 	}
-	for i, s := range steps {
-		clock.Set(T0.Add(s.at))
-		got, err := l.AllowN(context.Background(), key, 1)
-		if err != nil {
-			t.Fatalf("step %d (at %v): %v", i, s.at, err)
-		}
-		want := throttle.Decision{Allowed: s.allowed, Limit: r.Count, Remaining: s.remaining, RetryAfter: s.retryAfter, ResetAfter: s.resetAfter}
-		if !sameBucketDecision(got, want) {
-			t.Fatalf("step %d (at %v):\n got  %s\n want %s", i, s.at, fmtBucketDecision(got), fmtBucketDecision(want))
-		}
-	}
+	runSteps(t, l, clock, key, r.Count, steps)
 }
 
 // testBucketOddKeys takes one token from each of OddKeys, then a second,
@@ -386,23 +316,11 @@ func testBucketClockBackwards(t *testing.T, newLimiter NewBucketFunc) {
 func testBucketOddKeys(t *testing.T, newLimiter NewBucketFunc) {
 	r := throttle.Rate{Count: 1, Per: time.Second}
 	l := newLimiter(t, r, 2, NewClock(T0))
-	ctx := context.Background()
-	keys := OddKeys()
-	for round, want := range []throttle.Decision{
+	checkKeysApart(t, l, []throttle.Decision{
 		{Allowed: true, Limit: 1, Remaining: 1, ResetAfter: time.Second},
 		{Allowed: true, Limit: 1, Remaining: 0, ResetAfter: 2 * time.Second},
 		{Allowed: false, Limit: 1, Remaining: 0, RetryAfter: time.Second, ResetAfter: 2 * time.Second},
-	} {
-		for i, k := range keys {
-			d, err := l.AllowN(ctx, k, 1)
-			if err != nil {
-				t.Fatalf("round %d, key #%d %.40q (len %d): %v", round, i, k, len(k), err)
-			}
-			if !sameBucketDecision(d, want) {
-				t.Fatalf("round %d, key #%d %.40q (len %d):\n got  %s\n want %s (keys share state?)", round, i, k, len(k), fmtBucketDecision(d), fmtBucketDecision(want))
-			}
-		}
-	}
+	})
 }
 
 // CheckBucketAdmissions fails t if the admissions prove that a token
@@ -466,7 +384,7 @@ func testBucketRealDrain(t *testing.T, newLimiter func(t *testing.T, r throttle.
 		start := time.Now()
 		for i := 0; i < burst; i++ {
 			if d := allow(key); !d.Allowed {
-				t.Fatalf("call %d of %d on a fresh key rejected: %s", i+1, burst, fmtBucketDecision(d))
+				t.Fatalf("call %d of %d on a fresh key rejected: %s", i+1, burst, fmtDecision(d))
 			}
 		}
 		d := allow(key)
@@ -475,16 +393,16 @@ func testBucketRealDrain(t *testing.T, newLimiter func(t *testing.T, r throttle.
 			continue
 		}
 		if d.Allowed || d.Remaining != 0 || d.RetryAfter > 20*time.Millisecond {
-			t.Fatalf("call %d within a token period: %s, want rejected with Remaining 0 and RetryAfter <= 20ms", burst+1, fmtBucketDecision(d))
+			t.Fatalf("call %d within a token period: %s, want rejected with Remaining 0 and RetryAfter <= 20ms", burst+1, fmtDecision(d))
 		}
 		time.Sleep(d.RetryAfter)
 		if d := allow(key); !d.Allowed {
-			t.Fatalf("rejected after sleeping RetryAfter: %s", fmtBucketDecision(d))
+			t.Fatalf("rejected after sleeping RetryAfter: %s", fmtDecision(d))
 		}
 		// Full again after a whole period.
 		time.Sleep(r.Per + 5*time.Millisecond)
 		if d := allow(key); !d.Allowed || d.Remaining != burst-1 {
-			t.Fatalf("a period after draining: %s, want admitted with Remaining %d", fmtBucketDecision(d), burst-1)
+			t.Fatalf("a period after draining: %s, want admitted with Remaining %d", fmtDecision(d), burst-1)
 		}
 		return
 	}

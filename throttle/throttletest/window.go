@@ -155,26 +155,7 @@ func RunWindow(t *testing.T, newLimiter NewWindowFunc) {
 	for _, tc := range windowTables {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := NewClock(T0)
-			l := newLimiter(t, tc.rate, clock)
-			key := "window/" + tc.name
-			for i, s := range tc.steps {
-				clock.Set(T0.Add(s.at))
-				n := max(s.n, 1)
-				got, err := l.AllowN(context.Background(), key+s.key, n)
-				if err != nil {
-					t.Fatalf("step %d (at %v, key %q, n %d): %v", i, s.at, s.key, n, err)
-				}
-				want := throttle.Decision{
-					Allowed:    s.allowed,
-					Limit:      tc.rate.Count,
-					Remaining:  s.remaining,
-					RetryAfter: s.retryAfter,
-					ResetAfter: s.resetAfter,
-				}
-				if !sameDecision(got, want) {
-					t.Fatalf("step %d (at %v, key %q, n %d):\n got  %s\n want %s", i, s.at, s.key, n, fmtDecision(got), fmtDecision(want))
-				}
-			}
+			runSteps(t, newLimiter(t, tc.rate, clock), clock, "window/"+tc.name, tc.rate.Count, tc.steps)
 		})
 	}
 	t.Run("RetryAfter is exact", func(t *testing.T) { testRetryAfterExact(t, newLimiter) })
@@ -182,6 +163,30 @@ func RunWindow(t *testing.T, newLimiter NewWindowFunc) {
 	t.Run("bad cost", func(t *testing.T) { testBadCost(t, newLimiter) })
 	t.Run("clock going backwards", func(t *testing.T) { testClockBackwards(t, newLimiter) })
 	t.Run("odd keys", func(t *testing.T) { testOddKeys(t, newLimiter) })
+}
+
+// runSteps runs steps against l on key, moving clock to each step's
+// instant, and fails t at the first Decision that differs from the step.
+func runSteps(t *testing.T, l throttle.Limiter, clock *Clock, key string, limit int, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		clock.Set(T0.Add(s.at))
+		n := max(s.n, 1)
+		got, err := l.AllowN(context.Background(), key+s.key, n)
+		if err != nil {
+			t.Fatalf("step %d (at %v, key %q, n %d): %v", i, s.at, s.key, n, err)
+		}
+		want := throttle.Decision{
+			Allowed:    s.allowed,
+			Limit:      limit,
+			Remaining:  s.remaining,
+			RetryAfter: s.retryAfter,
+			ResetAfter: s.resetAfter,
+		}
+		if !sameDecision(got, want) {
+			t.Fatalf("step %d (at %v, key %q, n %d):\n got  %s\n want %s", i, s.at, s.key, n, fmtDecision(got), fmtDecision(want))
+		}
+	}
 }
 
 // sameDecision compares everything but Source.
@@ -316,8 +321,13 @@ func testRejectedNeverCount(t *testing.T, newLimiter NewWindowFunc) {
 // testBadCost checks that n < 1 and n > Count are errors wrapping
 // throttle.ErrInvalidCost that admit nothing.
 func testBadCost(t *testing.T, newLimiter NewWindowFunc) {
-	r := throttle.Rate{Count: 3, Per: time.Second}
-	l := newLimiter(t, r, NewClock(T0))
+	checkBadCost(t, newLimiter(t, throttle.Rate{Count: 3, Per: time.Second}, NewClock(T0)))
+}
+
+// checkBadCost checks that n < 1 and n > 3, the most l admits at once, are
+// errors wrapping throttle.ErrInvalidCost that admit and charge nothing.
+func checkBadCost(t *testing.T, l throttle.Limiter) {
+	t.Helper()
 	ctx := context.Background()
 	for _, n := range []int{0, -1, -1 << 62, 4, 1 << 40} {
 		d, err := l.AllowN(ctx, "bad-cost", n)
@@ -330,7 +340,7 @@ func testBadCost(t *testing.T, newLimiter NewWindowFunc) {
 	}
 	d, err := l.AllowN(ctx, "bad-cost", 3)
 	if err != nil || !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("AllowN(n=3) after bad costs = %s, %v; want admitted with Remaining 0 (bad costs admit nothing)", fmtDecision(d), err)
+		t.Fatalf("AllowN(n=3) after bad costs = %s, %v; want admitted with Remaining 0 (bad costs charge nothing)", fmtDecision(d), err)
 	}
 }
 
@@ -390,13 +400,20 @@ func OddKeys() []string {
 func testOddKeys(t *testing.T, newLimiter NewWindowFunc) {
 	r := throttle.Rate{Count: 2, Per: time.Second}
 	l := newLimiter(t, r, NewClock(T0))
-	ctx := context.Background()
-	keys := OddKeys()
-	for round, want := range []throttle.Decision{
+	checkKeysApart(t, l, []throttle.Decision{
 		{Allowed: true, Limit: 2, Remaining: 1, ResetAfter: time.Second},
 		{Allowed: true, Limit: 2, Remaining: 0, ResetAfter: time.Second},
 		{Allowed: false, Limit: 2, Remaining: 0, RetryAfter: time.Second, ResetAfter: time.Second},
-	} {
+	})
+}
+
+// checkKeysApart decides once on each of OddKeys per round and expects
+// the round's Decision for every key.
+func checkKeysApart(t *testing.T, l throttle.Limiter, rounds []throttle.Decision) {
+	t.Helper()
+	ctx := context.Background()
+	keys := OddKeys()
+	for round, want := range rounds {
 		for i, k := range keys {
 			d, err := l.AllowN(ctx, k, 1)
 			if err != nil {
