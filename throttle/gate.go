@@ -9,7 +9,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of the Gate's tracer and meter.
@@ -30,10 +32,14 @@ type Gate struct {
 	policy        FailurePolicy
 	degradedRetry time.Duration
 
-	tracer      trace.Tracer
-	decisions   metric.Int64Counter
-	duration    metric.Float64Histogram
-	storeErrors metric.Int64Counter
+	// traced and metered are false for the OpenTelemetry no-op providers,
+	// whose spans and instruments would record nothing: the Gate then
+	// skips them, and the clock reads and allocations they cost.
+	traced, metered bool
+	tracer          trace.Tracer
+	decisions       metric.Int64Counter
+	duration        metric.Float64Histogram
+	storeErrors     metric.Int64Counter
 
 	// Metric options are indexed by outcome (0 rejected, 1 admitted) and
 	// Source.
@@ -73,6 +79,9 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if r, ok := l.(interface{ Rate() Rate }); ok {
 		g.limit = r.Rate().Count
 	}
+	_, noopTracer := cfg.tracerProvider.(tracenoop.TracerProvider)
+	_, noopMeter := cfg.meterProvider.(metricnoop.MeterProvider)
+	g.traced, g.metered = !noopTracer, !noopMeter
 	g.tracer = cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
 	meter := cfg.meterProvider.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
 	var err error
@@ -117,8 +126,14 @@ func (g *Gate) Policy() FailurePolicy { return g.policy }
 // ctx is already done; the Decision is then a rejection with RetryAfter
 // Never, and the caller must not retry it.
 func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
-	start := time.Now()
-	ctx, span := g.tracer.Start(ctx, SpanName, g.startOpts...)
+	var start time.Duration
+	if g.metered {
+		start = monotonic()
+	}
+	span := nonRecording
+	if g.traced {
+		ctx, span = g.tracer.Start(ctx, SpanName, g.startOpts...)
+	}
 	d, err := g.limiter.AllowN(ctx, key, n)
 	if err != nil {
 		if IsUsageError(err) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
@@ -130,7 +145,9 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 		d = g.degraded()
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "limiter failed; "+g.policy.String()+" decided")
-		g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
+		if g.metered {
+			g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
+		}
 	}
 	allowed := 0
 	if d.Allowed {
@@ -140,7 +157,6 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 	if src < SourceUnknown || src > SourceDegraded {
 		src = SourceUnknown
 	}
-	g.decisions.Add(ctx, 1, g.addOpts[allowed][src]...)
 	if span.IsRecording() {
 		span.SetAttributes(
 			KeyAttr.String(key),
@@ -157,9 +173,23 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 		}
 	}
 	span.End()
-	g.duration.Record(ctx, time.Since(start).Seconds(), g.recordOpts[allowed][src]...)
+	if g.metered {
+		g.decisions.Add(ctx, 1, g.addOpts[allowed][src]...)
+		g.duration.Record(ctx, (monotonic() - start).Seconds(), g.recordOpts[allowed][src]...)
+	}
 	return d, nil
 }
+
+// nonRecording is the span of a Gate whose tracer provider is the no-op
+// one: it records nothing, and unlike the caller's span it may be ended.
+var nonRecording = trace.SpanFromContext(context.Background())
+
+// epoch anchors monotonic.
+var epoch = time.Now()
+
+// monotonic reads only the monotonic clock (time.Now reads the wall clock
+// as well): the latency histogram needs no more, and it is half the cost.
+func monotonic() time.Duration { return time.Since(epoch) }
 
 func (g *Gate) degraded() Decision {
 	if g.policy == FailOpen {

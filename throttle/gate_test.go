@@ -9,10 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
@@ -241,4 +243,34 @@ func TestNewGateValidates(t *testing.T) {
 	g, err := throttle.NewGate(lim, nil, throttle.WithTracerProvider(nil), throttle.WithMeterProvider(nil))
 	require.NoError(t, err, "nil options fall back to the globals")
 	require.Equal(t, throttle.FailClosed, g.Policy())
+}
+
+func TestGateWithNoopProviders(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	lim, err := window.NewMemory(throttle.Rate{Count: 1, Per: time.Second}, window.WithClock(clock))
+	require.NoError(t, err)
+	noops := []throttle.Option{throttle.WithTracerProvider(tracenoop.NewTracerProvider()), throttle.WithMeterProvider(metricnoop.NewMeterProvider())}
+	g, err := throttle.NewGate(lim, noops...)
+	require.NoError(t, err)
+	tel := newTelemetry(t)
+	ctx, parent := tel.tp.Tracer("test").Start(context.Background(), "caller")
+	d, err := g.Admit(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = g.Admit(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, time.Second, d.RetryAfter)
+
+	failingGate, err := throttle.NewGate(throttle.LimiterFunc(failing), noops...)
+	require.NoError(t, err)
+	d, err = failingGate.Admit(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, throttle.SourceDegraded, d.Source)
+	require.False(t, d.Allowed)
+	parent.End()
+	spans := tel.spans.Ended()
+	require.Len(t, spans, 1)
+	require.Equal(t, codes.Unset, spans[0].Status().Code, "the caller's span must not get the Gate's error")
+	require.Empty(t, spans[0].Events())
 }
