@@ -51,6 +51,17 @@
 // "%7B" and "%7D"; a key longer than 256 bytes becomes "%H" + its hex
 // SHA-256. The hash expires when the bucket would be full again.
 //
+// Redis Cluster: NewRedis and NewHybrid take a redis.Scripter, which
+// *redis.Client, *redis.ClusterClient and *redis.Ring all satisfy. Each
+// script touches only the one key of one identity, so it runs on the
+// master of that key's slot and can never fail with CROSSSLOT. If a
+// master is down, only the keys in its slots fail: Redis.AllowN returns
+// an error for them and the throttle.Gate's failure policy decides; the
+// Hybrid keeps one circuit breaker per master, so only those keys go to
+// its degraded mode. Run the cluster with cluster-require-full-coverage no if
+// the other masters' keys should keep working meanwhile: with the
+// default, every node refuses every key once the cluster notices.
+//
 // The Lua scripts read the Redis server's TIME by default, so every
 // process shares one clock; WithClock makes the client send its own time
 // instead (for tests, or for services that forbid TIME). Either way stored

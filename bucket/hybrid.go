@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -137,9 +138,12 @@ const (
 // closes it. Breaker state changes are counted and logged. An error reply
 // about one request (such as WRONGTYPE, on a key another program wrote)
 // fails that request like a failure would, but counts as a success for the
-// breaker. From the first failure until a call
-// succeeds again, the stock is not used (it is kept, and used or returned
-// once Redis is back), and:
+// breaker. With a *redis.ClusterClient there is one breaker per master
+// (the one go-redis routes the key's slot to), so a failed master
+// degrades only the keys it holds; any other client has one breaker for
+// all keys. From the first failure of a key's Redis until a call to it
+// succeeds again, the key's stock is not used (it is kept, and used or
+// returned once Redis is back), and:
 //
 //   - with WithLocalShare(instances, safety), requests are decided by a
 //     local token bucket per key of Count/instances × safety tokens that
@@ -176,8 +180,12 @@ type Hybrid struct {
 	share    *Local // nil without WithLocalShare
 	shareMax int    // the share bucket's burst
 
-	cb   *gobreaker.CircuitBreaker[grant]
-	down atomic.Bool // a Redis call failed and none has succeeded since
+	// Redis health: one circuit breaker, or with a *redis.ClusterClient
+	// one per master, found by the key's slot.
+	health  *health                  // the only one; with cluster, for slots whose master is unknown
+	cluster *redis.ClusterClient     // nil unless the client is one
+	slots   []atomic.Pointer[health] // with cluster: by slot, the health of its master when last called
+	nodes   sync.Map                 // with cluster: master address -> *health
 
 	seed   maphash.Seed
 	mask   uint64
@@ -221,10 +229,18 @@ type hybridShard struct {
 	_            [8]byte
 }
 
+// health is the state of one Redis server as the Hybrid sees it.
+type health struct {
+	node string // the cluster master's address; "" without a cluster
+	cb   *gobreaker.CircuitBreaker[grant]
+	down atomic.Bool // a Redis call failed and none has succeeded since
+}
+
 // hybridKey is one key's local state, guarded by its shard's lock.
 type hybridKey struct {
 	key   string
 	shard *hybridShard
+	slot  int // the Redis Cluster slot of its Redis key, with a cluster
 
 	// stock is the leased tokens held; the newest fresh of them came from
 	// the last lease at freshAt, the others (spent first) at oldAt.
@@ -337,7 +353,22 @@ func NewHybrid(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*H
 			return nil, fmt.Errorf("bucket: hybrid: %w", err)
 		}
 	}
-	h.cb = gobreaker.NewCircuitBreaker[grant](gobreaker.Settings{
+	h.health = h.newHealth("")
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		h.cluster = cc
+		h.slots = make([]atomic.Pointer[health], rediskey.Slots)
+	}
+	h.bgCtx, h.bgCancel = context.WithCancel(context.Background())
+	h.wg.Add(1)
+	go h.janitor()
+	return h, nil
+}
+
+// newHealth returns the health of the Redis server (cluster master) at
+// node, with its own circuit breaker.
+func (h *Hybrid) newHealth(node string) *health {
+	hl := &health{node: node}
+	hl.cb = gobreaker.NewCircuitBreaker[grant](gobreaker.Settings{
 		Name:        "bucket.hybrid",
 		MaxRequests: 1,
 		Timeout:     breakerOpenFor,
@@ -346,13 +377,48 @@ func NewHybrid(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*H
 		// A reply about one request proves Redis is up.
 		IsSuccessful: func(err error) bool { return err == nil || isRequestError(err) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
-			h.breakerChanged(from, to)
+			h.breakerChanged(hl, from, to)
 		},
 	})
-	h.bgCtx, h.bgCancel = context.WithCancel(context.Background())
-	h.wg.Add(1)
-	go h.janitor()
-	return h, nil
+	return hl
+}
+
+// healthAt returns the health of the master of slot as last seen, or the
+// Hybrid's only one.
+func (h *Hybrid) healthAt(slot int) *health {
+	if h.slots != nil {
+		if hl := h.slots[slot].Load(); hl != nil {
+			return hl
+		}
+	}
+	return h.health
+}
+
+// resolve returns the health of the Redis server that holds key: with a
+// cluster, that of the master go-redis routes key's slot to now (or, if
+// the client cannot tell, the one last seen).
+func (h *Hybrid) resolve(ctx context.Context, key string) *health {
+	if h.cluster == nil {
+		return h.health
+	}
+	rk := rediskey.Key(h.redis.prefix, key)
+	slot := rediskey.Slot(rk)
+	ctx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	m, err := h.cluster.MasterForKey(ctx, rk)
+	if err != nil {
+		return h.healthAt(slot)
+	}
+	addr := m.Options().Addr
+	v, ok := h.nodes.Load(addr)
+	if !ok {
+		v, _ = h.nodes.LoadOrStore(addr, h.newHealth(addr))
+	}
+	hl := v.(*health)
+	if h.slots[slot].Load() != hl {
+		h.slots[slot].Store(hl)
+	}
+	return hl
 }
 
 // shareRate returns the degraded bucket of WithLocalShare: Count/instances
@@ -498,7 +564,7 @@ func (h *Hybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decisi
 	now := h.clock.Now()
 	s, e := h.lock(key)
 	e.observe(now, n)
-	if !h.down.Load() {
+	if !h.healthAt(e.slot).down.Load() {
 		if e.stock > 0 && e.oldest(now) {
 			if k := e.dropOld(now); k > 0 {
 				h.giveBackAsync(e.key, k)
@@ -536,6 +602,9 @@ func (h *Hybrid) lock(key string) (*hybridShard, *hybridKey) {
 	if !ok {
 		key = strings.Clone(key)
 		e = &hybridKey{key: key, shard: s, hashJitter: float64(hash>>11) / (1 << 53)}
+		if h.cluster != nil {
+			e.slot = rediskey.Slot(rediskey.Key(h.redis.prefix, key))
+		}
 		e.watermark = h.newWatermark(e)
 		s.lru.Add(key, e)
 	}
@@ -768,7 +837,7 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 				return h.fallback(ctx, e.key, n, c.err)
 			}
 			s, e = h.relock(e)
-			if !h.down.Load() {
+			if !h.healthAt(e.slot).down.Load() {
 				now := h.clock.Now()
 				if e.stock >= n {
 					e.take(n)
@@ -880,11 +949,12 @@ func (h *Hybrid) giveBack(ctx context.Context, key string, n int) error {
 
 // call runs one Redis call through the breaker: it bounds it by the
 // timeout, marks errors caused by ctx (not counted against Redis), records
-// latency and errors, and keeps h.down.
+// latency and errors, and keeps the down flag of key's Redis server.
 func (h *Hybrid) call(ctx context.Context, op int, key string, f func(context.Context) (grant, error)) (grant, error) {
+	hl := h.resolve(ctx, key)
 	var start time.Time
 	ran := false
-	g, err := h.cb.Execute(func() (grant, error) {
+	g, err := hl.cb.Execute(func() (grant, error) {
 		ran, start = true, time.Now()
 		g, err := h.bounded(ctx, op, key, f)
 		if err != nil && ctx.Err() != nil {
@@ -897,8 +967,8 @@ func (h *Hybrid) call(ctx context.Context, op int, key string, f func(context.Co
 	}
 	switch {
 	case err == nil || isRequestError(err):
-		if h.down.Load() {
-			h.down.Store(false)
+		if hl.down.Load() {
+			hl.down.Store(false)
 		}
 		if err != nil {
 			h.redisErrors.Add(ctx, 1, h.errorOpts[op]...)
@@ -908,8 +978,8 @@ func (h *Hybrid) call(ctx context.Context, op int, key string, f func(context.Co
 		if ran {
 			h.redisErrors.Add(ctx, 1, h.errorOpts[op]...)
 		}
-		if !h.down.Load() {
-			h.down.Store(true)
+		if !hl.down.Load() {
+			hl.down.Store(true)
 		}
 	}
 	return g, err
@@ -987,10 +1057,10 @@ func (h *Hybrid) bounded(ctx context.Context, op int, key string, f func(context
 	}
 }
 
-// breakerChanged is the breaker's OnStateChange callback.
-func (h *Hybrid) breakerChanged(from, to gobreaker.State) {
+// breakerChanged is the OnStateChange callback of hl's breaker.
+func (h *Hybrid) breakerChanged(hl *health, from, to gobreaker.State) {
 	if to != gobreaker.StateClosed {
-		h.down.Store(true)
+		hl.down.Store(true)
 	}
 	h.breakerChanges.Add(context.Background(), 1, metric.WithAttributes(
 		HybridBreakerFromAttr.String(from.String()), HybridBreakerToAttr.String(to.String())))
@@ -999,9 +1069,12 @@ func (h *Hybrid) breakerChanged(from, to gobreaker.State) {
 		if to == gobreaker.StateOpen {
 			level = slog.LevelWarn
 		}
-		h.log.LogAttrs(context.Background(), level, "bucket: hybrid: circuit breaker "+to.String(),
-			slog.String("from", from.String()), slog.String("to", to.String()),
-			slog.String("algorithm", hybridAlgorithm), slog.String("rate", h.rate.String()))
+		attrs := []slog.Attr{slog.String("from", from.String()), slog.String("to", to.String()),
+			slog.String("algorithm", hybridAlgorithm), slog.String("rate", h.rate.String())}
+		if hl.node != "" {
+			attrs = append(attrs, slog.String("node", hl.node))
+		}
+		h.log.LogAttrs(context.Background(), level, "bucket: hybrid: circuit breaker "+to.String(), attrs...)
 	}
 }
 

@@ -832,7 +832,7 @@ func TestHybridRequestErrorKeepsBreakerClosed(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "WRONGTYPE")
 	}
-	assert.Equal(t, gobreaker.StateClosed, h.cb.State())
+	assert.Equal(t, gobreaker.StateClosed, h.health.cb.State())
 	d, err := h.Allow(ctx, "good")
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)

@@ -52,6 +52,20 @@
 // a Redis key (except for a SHA-256 collision between two long keys). Any
 // string is a valid key, including binary ones.
 //
+// # Redis Cluster
+//
+// [NewRedis] takes a redis.Scripter, which *redis.Client,
+// *redis.ClusterClient and *redis.Ring all satisfy. On a Redis Cluster
+// each decision is one script run on the master that holds the key's slot
+// (go-redis routes EVALSHA by its first key), and the script touches only
+// that one key, so no decision can fail with CROSSSLOT. If a master is
+// down, AllowN returns an error for the keys in its slots only, and the
+// throttle.Gate's failure policy decides for them; keys on the other
+// masters are decided as before. Run the cluster with
+// cluster-require-full-coverage no if the keys of the live masters should
+// keep working while one master is down: with the default, every node
+// refuses every key once the cluster notices.
+//
 // # Memory
 //
 // A Redis window holds one sorted-set member (a 20-30 byte identity and its

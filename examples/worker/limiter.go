@@ -2,19 +2,162 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/bucket"
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
 )
 
-// tenantLimiter routes each key (a tenant) to the window for the tenant's
+// Limiter families, the values of -limiter.
+const (
+	familyWindow = "window" // sliding window log: window.NewMemory, or window.NewRedis with -redis
+	familyBucket = "bucket" // token bucket: bucket.NewLocal, or bucket.NewRedis with -redis
+	familyHybrid = "hybrid" // bucket.NewHybrid: local decisions on tokens leased from Redis; needs -redis
+)
+
+// hybridHold is how long a Hybrid may hold leased tokens before it spends
+// or returns them (see bucket.Hybrid, "Guarantee"): its admissions in a
+// span T are at most burst + (T + hybridHold) × rate.
+const hybridHold = 500 * time.Millisecond
+
+// limiterSpec is the family of the per-tenant limiters and its settings.
+// The zero value is the sliding window.
+type limiterSpec struct {
+	Family string // familyWindow ("" too), familyBucket or familyHybrid
+	Burst  int    // bucket capacity; 0 means each tenant's rate Count
+}
+
+// parseLimiterSpec checks the -limiter and -burst flags; hybrid needs a
+// Redis URL.
+func parseLimiterSpec(family string, burst int, redisURL string) (limiterSpec, error) {
+	switch family {
+	case "", familyWindow:
+		family = familyWindow
+		if burst != 0 {
+			return limiterSpec{}, errors.New("-burst: only for -limiter bucket or hybrid (a window has no burst)")
+		}
+	case familyBucket:
+	case familyHybrid:
+		if redisURL == "" {
+			return limiterSpec{}, errors.New("-limiter hybrid needs -redis URL: the hybrid leases its tokens from a Redis bucket")
+		}
+	default:
+		return limiterSpec{}, fmt.Errorf("-limiter: %q is not window, bucket or hybrid", family)
+	}
+	if burst < 0 {
+		return limiterSpec{}, fmt.Errorf("-burst: must be >= 1 (or 0 for the rate's count), got %d", burst)
+	}
+	return limiterSpec{Family: family, Burst: burst}, nil
+}
+
+// bucketed reports whether the family is a token bucket.
+func (s limiterSpec) bucketed() bool { return s.Family == familyBucket || s.Family == familyHybrid }
+
+// burstOf returns the capacity of the bucket of a tenant at rate r.
+func (s limiterSpec) burstOf(r throttle.Rate) int {
+	if s.Burst > 0 {
+		return s.Burst
+	}
+	return r.Count
+}
+
+// bound returns the most cost units the limiter may admit for one tenant
+// at rate r in any window of r.Per, and how that bound is made up, as the
+// summary states it:
+//   - window: the limit, Count;
+//   - bucket: burst + the refill over the window (Count);
+//   - hybrid: burst + the refill over the window and the lease hold
+//     (Count × (Per + 500 ms) / Per, rounded up), the documented worst case
+//     of bucket.Hybrid.
+func (s limiterSpec) bound(r throttle.Rate) (int, string) {
+	switch s.Family {
+	case familyBucket:
+		b := s.burstOf(r)
+		return b + r.Count, fmt.Sprintf("bound %d = burst %d + refill %d", b+r.Count, b, r.Count)
+	case familyHybrid:
+		b := s.burstOf(r)
+		span := r.Per + hybridHold
+		refill := int((int64(r.Count)*int64(span) + int64(r.Per) - 1) / int64(r.Per))
+		return b + refill, fmt.Sprintf("bound %d = burst %d + refill %d in %v", b+refill, b, refill, span)
+	default:
+		return r.Count, fmt.Sprintf("limit %d", r.Count)
+	}
+}
+
+// describe names the limiters, for the header line: addr is the Redis
+// server ("" for in-process limiters).
+func (s limiterSpec) describe(addr string) string {
+	burst := ""
+	if s.bucketed() {
+		burst = ", burst = each tenant's count"
+		if s.Burst > 0 {
+			burst = fmt.Sprintf(", burst %d", s.Burst)
+		}
+	}
+	switch {
+	case s.Family == familyHybrid:
+		return "hybrid token bucket on Redis at " + addr + burst
+	case s.Family == familyBucket && addr == "":
+		return "in-process token bucket" + burst
+	case s.Family == familyBucket:
+		return "Redis token bucket at " + addr + burst
+	case addr == "":
+		return "in-memory window"
+	default:
+		return "Redis window at " + addr
+	}
+}
+
+// newFamilyLimiter returns the per-tenant limiter of spec: in process when
+// rc is nil, otherwise on Redis with keys under prefix. Hybrids need rc to
+// honour context deadlines (ContextTimeoutEnabled).
+func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, tenants []string, rateOf func(string) throttle.Rate) (*tenantLimiter, error) {
+	var hybrids []*bucket.Hybrid
+	tl, err := newTenantLimiter(tenants, rateOf, func(r throttle.Rate) (throttle.Limiter, error) {
+		switch {
+		case spec.Family == familyHybrid:
+			if rc == nil {
+				return nil, errors.New("-limiter hybrid needs -redis URL")
+			}
+			h, err := bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix))
+			if err == nil {
+				hybrids = append(hybrids, h)
+			}
+			return h, err
+		case spec.Family == familyBucket && rc == nil:
+			return bucket.NewLocal(r, spec.burstOf(r))
+		case spec.Family == familyBucket:
+			return bucket.NewRedis(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix))
+		case rc == nil:
+			return window.NewMemory(r)
+		default:
+			return window.NewRedis(rc, r, window.WithPrefix(prefix))
+		}
+	})
+	if err != nil {
+		for _, h := range hybrids {
+			h.Close(context.Background())
+		}
+		return nil, err
+	}
+	tl.hybrids = hybrids
+	return tl, nil
+}
+
+// tenantLimiter routes each key (a tenant) to the limiter for the tenant's
 // rate, so one Gate can enforce per-tenant limits. Tenants sharing a rate
 // share one limiter (keys are separate inside it). It is safe for
 // concurrent use.
 type tenantLimiter struct {
-	def   throttle.Limiter
-	rate  throttle.Rate
-	byKey map[string]throttle.Limiter
+	def     throttle.Limiter
+	rate    throttle.Rate
+	byKey   map[string]throttle.Limiter
+	hybrids []*bucket.Hybrid // the limiters, with -limiter hybrid
 
 	// admitted, if set, is called for every admission with the clock read
 	// just before and just after the limiter decided: the instant the
@@ -23,14 +166,14 @@ type tenantLimiter struct {
 }
 
 // newTenantLimiter builds one limiter per distinct rate among tenants, with
-// newWindow; keys not among tenants use the rate of "".
-func newTenantLimiter(tenants []string, rateOf func(string) throttle.Rate, newWindow func(throttle.Rate) (throttle.Limiter, error)) (*tenantLimiter, error) {
+// newLimiter; keys not among tenants use the rate of "".
+func newTenantLimiter(tenants []string, rateOf func(string) throttle.Rate, newLimiter func(throttle.Rate) (throttle.Limiter, error)) (*tenantLimiter, error) {
 	byRate := map[throttle.Rate]throttle.Limiter{}
 	get := func(r throttle.Rate) (throttle.Limiter, error) {
 		if l, ok := byRate[r]; ok {
 			return l, nil
 		}
-		l, err := newWindow(r)
+		l, err := newLimiter(r)
 		if err != nil {
 			return nil, err
 		}
@@ -68,10 +211,33 @@ func (l *tenantLimiter) AllowN(ctx context.Context, key string, n int) (throttle
 // degraded decisions.
 func (l *tenantLimiter) Rate() throttle.Rate { return l.rate }
 
-// Algorithm returns the algorithm of the windows.
+// Algorithm returns the algorithm of the limiters.
 func (l *tenantLimiter) Algorithm() string {
 	if a, ok := l.def.(throttle.Algorithmer); ok {
 		return a.Algorithm()
 	}
 	return "sliding_window_log"
+}
+
+// hybridStats returns the decision counts of the hybrids added up, and
+// false if the limiters are not hybrids.
+func (l *tenantLimiter) hybridStats() (bucket.HybridStats, bool) {
+	var sum bucket.HybridStats
+	for _, h := range l.hybrids {
+		s := h.Stats()
+		sum.Local += s.Local
+		sum.Redis += s.Redis
+		sum.Degraded += s.Degraded
+		sum.Errors += s.Errors
+	}
+	return sum, len(l.hybrids) > 0
+}
+
+// close closes the hybrids, returning their unused leased tokens to Redis.
+func (l *tenantLimiter) close(ctx context.Context) error {
+	var errs []error
+	for _, h := range l.hybrids {
+		errs = append(errs, h.Close(ctx))
+	}
+	return errors.Join(errs...)
 }

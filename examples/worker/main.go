@@ -1,10 +1,10 @@
 // Command worker replays a trace of jobs from several tenants into a NATS
 // JetStream stream and consumes it with a worker whose handler is gated per
-// tenant by a sliding-window limit. Rejected messages are NAKed with the
-// retry-after and come back later; at the end it prints, per tenant, how
-// many jobs were published, handled and NAKed, and the most admitted (so
-// handled) in any window against the limit, and it checks that every job
-// was handled exactly once.
+// tenant by a limit. Rejected messages are NAKed with the retry-after and
+// come back later; at the end it prints, per tenant, how many jobs were
+// published, handled and NAKed, and the most admitted (so handled) in any
+// window against the limit, and it checks that every job was handled
+// exactly once.
 //
 // With no flags it needs no services: it starts an embedded nats-server
 // with JetStream in a temporary directory and uses the in-memory window.
@@ -13,8 +13,35 @@
 // 5, AckWait 5s); the throttle key is the tenant and the cost the job's
 // cost. With -nats, a stream QT_EXAMPLE_JOBS left on that server is
 // deleted at the start and at the end, and no other stream may claim
-// jobs.>. With -redis, the windows' keys get a prefix of their own for the
-// run and expire after one window.
+// jobs.>.
+//
+// -limiter picks the family: window (sliding window log; in memory, or
+// window.NewRedis with -redis), bucket (token bucket; bucket.NewLocal, or
+// bucket.NewRedis with -redis; capacity -burst, default each tenant's
+// count) or hybrid (bucket.NewHybrid, which needs -redis; the summary shows
+// its decisions made locally, by Redis and degraded). A bucket may admit
+// its burst plus its refill in one window, and a hybrid also the refill of
+// the 500 ms a leased token may be held: the summary states each tenant's
+// bound, and only admissions beyond it fail the check.
+//
+// With -redis, the limiters' keys get a prefix of their own for the run
+// (and expire soon after it), and an asynq server on the same Redis gets
+// the same jobs: tasks of type "job" (payload the job, trace context in the
+// headers, MaxRetry 2) on a queue of their own for the run, gated by a
+// limiter of their own with asynqthrottle (IsFailure, RetryDelayFunc,
+// WithClient). The summary covers both consumers, and the check also
+// requires that no task was archived; the queue is deleted at the end.
+// asynq keeps retry times in whole seconds, so the asynq side finishes
+// later (the default trace: about 12 s instead of 8); raise -timeout for
+// traces with slow limits.
+//
+// With -instances N (N > 1, needs -redis, NATS only), this process
+// publishes the jobs and N worker processes, this program started again
+// with hidden flags, consume them from the same durable consumer with the
+// Redis limiter. Each sends what it does (admissions with their clock
+// readings, handler runs) to this process as JSON lines on its stdout, and
+// this process checks all of them together. The worker processes stop when
+// the run ends, and on Linux are killed if this process dies.
 //
 // The limit is checked where it is enforced: at the admissions, each timed
 // by the clock read just before and after the limiter decided; "max in any
@@ -22,11 +49,15 @@
 //
 //	go run ./examples/worker                    # from the repository root
 //	go run ./examples/worker -rate 5/1s         # a lower default limit
+//	go run ./examples/worker -limiter bucket -burst 5
 //	go run ./examples/worker -redis redis://localhost:6379/0 -nats nats://localhost:4222
+//	go run ./examples/worker -limiter hybrid -redis redis://localhost:6379/0
+//	go run ./examples/worker -instances 3 -redis redis://localhost:6379/0
 //	go run ./examples/worker -trace stdout | tail
 //
 // The exit status is 1 when a job was not handled exactly once, when a
-// tenant was handled faster than its limit, or on an error.
+// tenant was admitted beyond its limit (or its bucket's bound), when an
+// asynq task was archived, or on an error.
 package main
 
 import (
@@ -37,45 +68,72 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"syscall"
 	"time"
 )
 
 // config is what the flags set.
 type config struct {
-	JobsPath string        // JSON Lines trace of jobs; see testdata/README.md
-	Rate     string        // default per-tenant limit, throttle.ParseRate format
-	RedisURL string        // use the Redis window at this URL instead of the in-memory one
-	NATSURL  string        // use this NATS server instead of an embedded one
-	Trace    string        // "" or "stdout"
-	Timeout  time.Duration // give up waiting for the jobs after this long
-	Progress time.Duration // interval of the progress lines
+	JobsPath  string        // JSON Lines trace of jobs; see testdata/README.md
+	Rate      string        // default per-tenant limit, throttle.ParseRate format
+	RedisURL  string        // use the Redis limiters at this URL, and run the asynq side too
+	Limiter   string        // limiter family: window, bucket or hybrid
+	Burst     int           // bucket capacity; 0 means each tenant's rate Count
+	Instances int           // > 1: run that many worker processes (needs RedisURL)
+	NATSURL   string        // use this NATS server instead of an embedded one
+	Trace     string        // "" or "stdout"
+	Timeout   time.Duration // give up waiting for the jobs after this long
+	Progress  time.Duration // interval of the progress lines
+
+	// The hidden settings of a worker process of -instances.
+	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
+	WorkerID   int    // its number, 1..Instances
+	KeyPrefix  string // the Redis key prefix of the run's limiters
 }
 
 func defaultConfig() config {
 	return config{
-		JobsPath: "testdata/jobs.jsonl",
-		Rate:     "20/1s",
-		Timeout:  60 * time.Second,
-		Progress: 500 * time.Millisecond,
+		JobsPath:  "testdata/jobs.jsonl",
+		Rate:      "20/1s",
+		Limiter:   familyWindow,
+		Instances: 1,
+		Timeout:   60 * time.Second,
+		Progress:  500 * time.Millisecond,
 	}
 }
+
+// hiddenFlags are for the worker processes of -instances only, and left
+// out of the usage message.
+var hiddenFlags = map[string]bool{"worker-only": true, "worker-id": true, "key-prefix": true}
 
 func main() {
 	cfg := defaultConfig()
 	flag.StringVar(&cfg.JobsPath, "jobs", cfg.JobsPath, "jobs `file` (JSON Lines), relative to the working directory")
 	flag.StringVar(&cfg.Rate, "rate", cfg.Rate, "per-tenant `limit` COUNT/PERIOD, e.g. 20/1s; rate lines in the jobs file override it per tenant")
-	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL` for the Redis sliding window (default: in-memory window)")
+	flag.StringVar(&cfg.Limiter, "limiter", cfg.Limiter, "limiter `family`: window (sliding window log), bucket (token bucket) or hybrid (token bucket deciding locally on tokens leased from Redis; needs -redis)")
+	flag.IntVar(&cfg.Burst, "burst", 0, "bucket capacity `N` for -limiter bucket or hybrid (default: each tenant's rate count)")
+	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs (default: in-process limiters, NATS only)")
+	flag.IntVar(&cfg.Instances, "instances", cfg.Instances, "`N` > 1 runs N worker processes on the NATS server and the Redis limiter (needs -redis; NATS only)")
 	flag.StringVar(&cfg.NATSURL, "nats", "", "NATS `URL` of a JetStream server (default: embedded server in a temp dir)")
 	flag.StringVar(&cfg.Trace, "trace", "", "`exporter` of the spans: \"stdout\" prints them with the OpenTelemetry stdout exporter (default: no tracing)")
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "stop waiting for unhandled jobs after this long")
+	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
+	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
+	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")
+	flag.Usage = usage
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "worker: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, cfg, os.Stdout)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	var err error
+	if cfg.WorkerOnly {
+		err = workerProcess(ctx, cfg, closedOnEOF(os.Stdin), os.Stdout)
+	} else {
+		err = run(ctx, cfg, os.Stdout)
+	}
 	stop()
 	if err != nil {
 		if !errors.Is(err, errCheckFailed) {
@@ -85,8 +143,23 @@ func main() {
 	}
 }
 
+// usage prints the flags but the hidden ones.
+func usage() {
+	out := flag.CommandLine.Output()
+	fmt.Fprintf(out, "Usage of %s:\n", os.Args[0])
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	fs.SetOutput(out)
+	flag.VisitAll(func(f *flag.Flag) {
+		if !hiddenFlags[f.Name] {
+			fs.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+	fs.PrintDefaults()
+}
+
 // errCheckFailed is returned by run when the summary shows a job not
-// handled exactly once or a tenant over its limit; the summary says which.
+// handled exactly once, a tenant over its limit (or its bucket's bound),
+// or an archived asynq task; the summary says which.
 var errCheckFailed = errors.New("check failed")
 
 // run replays the jobs, prints progress and the summary to out, and
@@ -96,7 +169,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if !rep.ExactlyOnce() || !rep.WithinLimits() {
+	if !rep.OK() {
 		return errCheckFailed
 	}
 	return nil

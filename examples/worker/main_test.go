@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,21 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
+
+// TestMain runs the test binary as a worker process of -instances when it
+// is started as one: with -instances, run starts os.Executable(), which in
+// a test is this binary, with childEnv set.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		if os.Getenv("QT_TEST_WORKER_PROCESS_FAILS") != "" {
+			fmt.Fprintln(os.Stderr, "worker process failing on purpose")
+			os.Exit(3)
+		}
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 func TestParseJobs(t *testing.T) {
 	tests := []struct {
@@ -180,9 +196,9 @@ func TestSummary(t *testing.T) {
 		rec.admitted("a", 1, now, now)
 	}
 	rec.admitted("b", 1, start, start)
-	rec.handle(handled{Tenant: "a", JobID: "a1", Seq: 1})
-	rec.handle(handled{Tenant: "a", JobID: "a2", Seq: 2})
-	rec.handle(handled{Tenant: "a", JobID: "a2", Seq: 2})
+	rec.handle(handled{Tenant: "a", JobID: "a1", Ref: "1"})
+	rec.handle(handled{Tenant: "a", JobID: "a2", Ref: "2"})
+	rec.handle(handled{Tenant: "a", JobID: "a2", Ref: "2"})
 	rec.nak("a")
 	rec.maxDelivered(3)
 	select {
@@ -197,7 +213,7 @@ func TestSummary(t *testing.T) {
 		t.Fatal("not complete after every job was handled or lost")
 	}
 
-	rep := rec.summarize(jobs, func(string) throttle.Rate { return rate })
+	rep := rec.summarize(jobs, func(string) throttle.Rate { return rate }, limiterSpec{})
 	if rep.ExactlyOnce() {
 		t.Error("ExactlyOnce with a duplicate and a missing job")
 	}
@@ -341,6 +357,12 @@ func TestRunErrors(t *testing.T) {
 		{name: "bad rate", mod: func(c *config) { c.JobsPath = good; c.Rate = "fast" }, wantErr: "-rate"},
 		{name: "bad trace", mod: func(c *config) { c.JobsPath = good; c.Trace = "otlp" }, wantErr: "-trace"},
 		{name: "bad redis url", mod: func(c *config) { c.JobsPath = good; c.RedisURL = "http://x" }, wantErr: "-redis"},
+		{name: "hybrid without redis", mod: func(c *config) { c.JobsPath = good; c.Limiter = "hybrid" }, wantErr: "-limiter hybrid needs -redis URL"},
+		{name: "bad limiter", mod: func(c *config) { c.JobsPath = good; c.Limiter = "gcra" }, wantErr: "-limiter"},
+		{name: "burst with window", mod: func(c *config) { c.JobsPath = good; c.Burst = 3 }, wantErr: "-burst"},
+		{name: "instances without redis", mod: func(c *config) { c.JobsPath = good; c.Instances = 3 }, wantErr: "-instances 3 needs -redis URL"},
+		{name: "zero instances", mod: func(c *config) { c.JobsPath = good; c.Instances = 0 }, wantErr: "-instances: must be >= 1"},
+		{name: "negative burst", mod: func(c *config) { c.JobsPath = good; c.Limiter = "bucket"; c.Burst = -1 }, wantErr: "-burst"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -368,12 +390,45 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
+// byTenant indexes the rows of a report.
+func byTenant(rep report) map[string]tenantReport {
+	m := map[string]tenantReport{}
+	for _, tr := range rep.Tenants {
+		m[tr.Tenant] = tr
+	}
+	return m
+}
+
+// checkConsumer asserts that every job of a consumer's report was handled
+// exactly once, published and handled as many times as jobs has, and
+// admitted within its limiter's bound.
+func checkConsumer(t *testing.T, rep report, jobs map[string]int) {
+	t.Helper()
+	if !rep.ExactlyOnce() {
+		t.Errorf("%v: not exactly once: missing %v, duplicates %v", rep.Consumer, rep.Missing, rep.Duplicates)
+	}
+	for _, tr := range rep.Tenants {
+		if tr.Over() {
+			t.Errorf("%v: tenant %s: %d admitted in a window, over its %s", rep.Consumer, tr.Tenant, tr.MaxInWindow, tr.BoundText)
+		}
+		if n := jobs[tr.Tenant]; tr.Published != n || tr.Handled != n {
+			t.Errorf("%v: tenant %s: published %d, handled %d, want %d", rep.Consumer, tr.Tenant, tr.Published, tr.Handled, n)
+		}
+	}
+}
+
 // TestRunRedis runs the small trace with the Redis window against a
-// private redis-server (skipped when redis-server is not installed).
+// private redis-server (skipped when redis-server is not installed), on
+// NATS and on asynq: every job handled exactly once on each, within the
+// limits; on asynq, tasks rejected more often than their MaxRetry are
+// still handled, nothing is archived or counted failed, and the queue is
+// gone at the end.
 func TestRunRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := defaultConfig()
-	cfg.JobsPath = writeJobs(t, 15, "5/200ms", 4)
+	// 20 jobs at once at 5/1s: the asynq tasks come back in rounds about
+	// a second apart, so the last ones are rejected 3 times or more.
+	cfg.JobsPath = writeJobs(t, 20, "5/1s", 4)
 	cfg.Rate = "3/200ms"
 	cfg.RedisURL = "redis://" + srv.Addr() + "/0"
 	cfg.Timeout = 20 * time.Second
@@ -386,8 +441,247 @@ func TestRunRedis(t *testing.T) {
 	if !strings.Contains(out.String(), "Redis window at "+srv.Addr()) {
 		t.Error("the header does not name the Redis window")
 	}
-	if !rep.ExactlyOnce() || !rep.WithinLimits() {
-		t.Errorf("exactly once %v, within limits %v", rep.ExactlyOnce(), rep.WithinLimits())
+	jobs := map[string]int{"burst": 20, "light": 4}
+	checkConsumer(t, rep, jobs)
+	a := rep.Asynq
+	if a == nil {
+		t.Fatal("no asynq report with -redis")
+	}
+	checkConsumer(t, *a, jobs)
+	if a.Archived != 0 || a.Failed != 0 {
+		t.Errorf("asynq: %d archived, %d failed; want 0 and 0", a.Archived, a.Failed)
+	}
+	if a.MostRejections <= asynqMaxRetry {
+		t.Errorf("asynq: at most %d rejections of one task, want more than MaxRetry %d", a.MostRejections, asynqMaxRetry)
+	}
+	if got := byTenant(*a)["burst"].MaxInWindow; got != 5 {
+		t.Errorf("asynq: burst: max in window %d, want 5", got)
+	}
+	if !rep.OK() {
+		t.Error("report not OK")
+	}
+	if last := lastLine(out.String()); !strings.HasPrefix(last, "OK: all 24 jobs handled exactly once on NATS and on asynq, 0 archived, in ") {
+		t.Errorf("last line = %q", last)
+	}
+	keys, err := srv.Client(t).Keys(context.Background(), "asynq:{"+a.Queue+"}*").Result()
+	if err != nil || len(keys) > 0 {
+		t.Errorf("keys of queue %s left: %v, %v", a.Queue, keys, err)
+	}
+}
+
+// TestRunBucket runs the small trace with token buckets: in process, and
+// in Redis (with the asynq side). A bucket may admit its burst plus the
+// refill in one window, and no more; the summary states that bound.
+func TestRunBucket(t *testing.T) {
+	tests := []struct {
+		name   string
+		redis  bool
+		header string
+	}{
+		{name: "local", header: "in-process token bucket, burst = each tenant's count"},
+		{name: "redis", redis: true, header: "Redis token bucket at "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.JobsPath = writeJobs(t, 25, "5/200ms", 6)
+			cfg.Rate = "3/200ms"
+			cfg.Limiter = familyBucket
+			cfg.Timeout = 20 * time.Second
+			if tt.redis {
+				cfg.RedisURL = "redis://" + redistest.Start(t).Addr() + "/0"
+			}
+			var out bytes.Buffer
+			rep, err := work(context.Background(), cfg, &out)
+			t.Logf("output:\n%s", out.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := out.String()
+			if !strings.Contains(s, tt.header) {
+				t.Errorf("the header does not say %q", tt.header)
+			}
+			for _, want := range []string{"(bound 10 = burst 5 + refill 5)", "(bound 6 = burst 3 + refill 3)"} {
+				if !strings.Contains(s, want) {
+					t.Errorf("the summary does not state %q", want)
+				}
+			}
+			jobs := map[string]int{"burst": 25, "light": 6}
+			checkConsumer(t, rep, jobs)
+			burst := byTenant(rep)["burst"]
+			if burst.Naks == 0 {
+				t.Error("the burst was never NAKed")
+			}
+			if (rep.Asynq != nil) != tt.redis {
+				t.Fatalf("asynq report %v with redis %v", rep.Asynq != nil, tt.redis)
+			}
+			if rep.Asynq != nil {
+				checkConsumer(t, *rep.Asynq, jobs)
+			}
+			if !rep.OK() {
+				t.Error("report not OK")
+			}
+		})
+	}
+}
+
+// TestRunHybrid runs the small trace with the hybrid bucket on both
+// consumers: the summary shows its decisions by source, it admits within
+// its bound, and its unused tokens go back at the end.
+func TestRunHybrid(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := defaultConfig()
+	cfg.JobsPath = writeJobs(t, 25, "5/200ms", 6)
+	cfg.Rate = "3/200ms"
+	cfg.Limiter = familyHybrid
+	cfg.RedisURL = "redis://" + srv.Addr() + "/0"
+	cfg.Timeout = 20 * time.Second
+	var out bytes.Buffer
+	rep, err := work(context.Background(), cfg, &out)
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if !strings.Contains(s, "hybrid token bucket on Redis at "+srv.Addr()) {
+		t.Error("the header does not name the hybrid")
+	}
+	// 5/200ms, burst 5: 5 + the refill over 200ms + 500ms of lease hold.
+	if !strings.Contains(s, "(bound 23 = burst 5 + refill 18 in 700ms)") {
+		t.Error("the summary does not state the hybrid's bound")
+	}
+	jobs := map[string]int{"burst": 25, "light": 6}
+	checkConsumer(t, rep, jobs)
+	if rep.Asynq == nil {
+		t.Fatal("no asynq report with -redis")
+	}
+	checkConsumer(t, *rep.Asynq, jobs)
+	for _, r := range []report{rep, *rep.Asynq} {
+		h := r.Hybrid
+		if h == nil {
+			t.Fatalf("%v: no hybrid stats", r.Consumer)
+		}
+		if h.Local+h.Redis+h.Degraded == 0 {
+			t.Errorf("%v: hybrid stats %+v: no decisions", r.Consumer, *h)
+		}
+	}
+	if n := strings.Count(s, "hybrid decisions: "); n != 2 {
+		t.Errorf("%d lines of hybrid decisions, want 2 (NATS and asynq)", n)
+	}
+	if !rep.OK() {
+		t.Error("report not OK")
+	}
+}
+
+// TestRunInstances runs the small trace through three worker processes
+// (this test binary, see TestMain) sharing one durable consumer and the
+// Redis limiters: across all of them, every job is handled exactly once
+// and no tenant is admitted over its limit in any window.
+func TestRunInstances(t *testing.T) {
+	tests := []struct {
+		limiter string
+		jobs    string // the burst tenant's rate
+	}{
+		{limiter: familyWindow, jobs: "5/200ms"},
+		{limiter: familyHybrid, jobs: "5/200ms"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.limiter, func(t *testing.T) {
+			srv := redistest.Start(t)
+			cfg := defaultConfig()
+			cfg.JobsPath = writeJobs(t, 25, tt.jobs, 6)
+			cfg.Rate = "3/200ms"
+			cfg.Limiter = tt.limiter
+			cfg.RedisURL = "redis://" + srv.Addr() + "/0"
+			cfg.Instances = 3
+			cfg.Timeout = 30 * time.Second
+			var out bytes.Buffer
+			rep, err := work(context.Background(), cfg, &out)
+			t.Logf("output:\n%s", out.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkConsumer(t, rep, map[string]int{"burst": 25, "light": 6})
+			if !rep.OK() {
+				t.Error("report not OK")
+			}
+			if got := byTenant(rep)["burst"].MaxInWindow; tt.limiter == familyWindow && got != 5 {
+				t.Errorf("burst: max in window %d, want 5 (the limit, reached at the start)", got)
+			}
+			sum := 0
+			for p, n := range rep.Processes {
+				if p < 1 || p > 3 {
+					t.Errorf("process #%d", p)
+				}
+				sum += n
+			}
+			if sum != 31 {
+				t.Errorf("processes handled %v, %d in all, want 31", rep.Processes, sum)
+			}
+			s := out.String()
+			if !strings.Contains(s, "for 3 worker processes") || !strings.Contains(s, "jobs handled per worker process: #1 ") {
+				t.Error("the summary does not show the processes")
+			}
+			if strings.Contains(s, "error:") {
+				t.Error("a worker process reported an error")
+			}
+			if last := lastLine(s); !strings.HasPrefix(last, "OK: all 31 jobs handled exactly once across 3 worker processes in ") {
+				t.Errorf("last line = %q", last)
+			}
+		})
+	}
+}
+
+// TestRunInstancesProcessFails: a worker process that ends before it is
+// asked to stop ends the run at once, with the reason, and fails the check.
+func TestRunInstancesProcessFails(t *testing.T) {
+	srv := redistest.Start(t)
+	t.Setenv("QT_TEST_WORKER_PROCESS_FAILS", "1")
+	cfg := defaultConfig()
+	cfg.JobsPath = writeJobs(t, 3, "5/200ms", 0)
+	cfg.RedisURL = "redis://" + srv.Addr() + "/0"
+	cfg.Instances = 2
+	cfg.Timeout = 20 * time.Second
+	var out bytes.Buffer
+	start := time.Now()
+	err := run(context.Background(), cfg, &out)
+	t.Logf("output:\n%s", out.String())
+	if !errors.Is(err, errCheckFailed) {
+		t.Fatalf("run = %v, want errCheckFailed", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("took %v: waited for the timeout", d)
+	}
+	if !regexp.MustCompile(`stopped early: worker process #\d \(pid \d+\) ended early: exit status 3`).MatchString(out.String()) {
+		t.Error("the summary does not say which process ended")
+	}
+	if last := lastLine(out.String()); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 3 of 3 never handled") {
+		t.Errorf("last line = %q", last)
+	}
+}
+
+func TestLimiterSpecBound(t *testing.T) {
+	tests := []struct {
+		name string
+		spec limiterSpec
+		rate string
+		want int
+		text string
+	}{
+		{name: "zero is the window", spec: limiterSpec{}, rate: "20/1s", want: 20, text: "limit 20"},
+		{name: "window", spec: limiterSpec{Family: familyWindow}, rate: "10/1s", want: 10, text: "limit 10"},
+		{name: "bucket", spec: limiterSpec{Family: familyBucket}, rate: "20/1s", want: 40, text: "bound 40 = burst 20 + refill 20"},
+		{name: "bucket with burst", spec: limiterSpec{Family: familyBucket, Burst: 5}, rate: "20/1s", want: 25, text: "bound 25 = burst 5 + refill 20"},
+		{name: "hybrid", spec: limiterSpec{Family: familyHybrid}, rate: "20/1s", want: 50, text: "bound 50 = burst 20 + refill 30 in 1.5s"},
+		{name: "hybrid fractional refill rounds up", spec: limiterSpec{Family: familyHybrid}, rate: "5/200ms", want: 23, text: "bound 23 = burst 5 + refill 18 in 700ms"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, text := tt.spec.bound(mustRate(t, tt.rate))
+			if got != tt.want || text != tt.text {
+				t.Errorf("bound = %d, %q; want %d, %q", got, text, tt.want, tt.text)
+			}
+		})
 	}
 }
 

@@ -4,30 +4,89 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/bucket"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 // handled is one run of the job handler.
 type handled struct {
-	Tenant string
-	JobID  string
-	Seq    uint64 // stream sequence of the message
+	Tenant string `json:"tenant"`
+	JobID  string `json:"job"`
+	Ref    string `json:"ref"`            // the message: its stream sequence (NATS) or task ID (asynq)
+	Proc   int    `json:"proc,omitempty"` // worker process (1..N) with -instances, else 0
+}
+
+// consumer says which consumer a recorder or report is about; the zero
+// value is the JetStream consumer.
+type consumer int
+
+const (
+	consumerNATS consumer = iota
+	consumerAsynq
+)
+
+func (c consumer) String() string {
+	if c == consumerAsynq {
+		return "asynq"
+	}
+	return "NATS"
+}
+
+// published and rejections are the words of the summary for the jobs
+// given to the consumer and for the throttle's rejections.
+func (c consumer) published() string {
+	if c == consumerAsynq {
+		return "enqueued"
+	}
+	return "published"
+}
+
+func (c consumer) rejections() string {
+	if c == consumerAsynq {
+		return "rejections"
+	}
+	return "naks"
+}
+
+// ref is how the summary names the messages of duplicate runs.
+func (c consumer) ref() string {
+	if c == consumerAsynq {
+		return "as tasks"
+	}
+	return "at stream seq"
 }
 
 // tenantStats are the per-tenant counters of a run.
 type tenantStats struct {
-	Published  int // jobs the stream stored (PubAck without Duplicate)
+	Published  int // jobs the stream stored (PubAck without Duplicate), or tasks enqueued
 	Handled    int // handler runs (a job handled twice counts twice)
-	Naks       int // NAKs the throttle sent
+	Naks       int // NAKs the throttle sent, or asynq rejections
 	Holds      int // messages the throttle held on their last delivery (sent InProgress)
 	Terms      int // messages terminated (never admissible, e.g. a cost above the limit)
 	MaxDeliver int // messages the server gave up on (MAX_DELIVERIES advisories)
 }
+
+// events is where the consumer of a run reports what happens: a recorder
+// in this process, or, in a worker process of -instances, the records it
+// sends to the main process.
+type events interface {
+	// admitted records an admission of n units for tenant, made at an
+	// instant between before and after.
+	admitted(tenant string, n int, before, after time.Time)
+	handle(h handled)
+	nak(tenant string)
+	// hold records an InProgress for stream sequence seq.
+	hold(tenant string, seq uint64)
+	term(tenant string)
+}
+
+var _ events = (*recorder)(nil)
 
 // recorder collects what happens during a run. It is safe for concurrent
 // use.
@@ -35,6 +94,7 @@ type recorder struct {
 	start    time.Time
 	total    int           // jobs expected
 	complete chan struct{} // closed when every job was handled or lost
+	consumer consumer
 
 	mu      sync.Mutex
 	closed  bool // complete is closed
@@ -47,13 +107,15 @@ type recorder struct {
 	naks    int
 	pubs    int
 	lost    int
+	procs   map[int]int    // worker process -> handler runs, with -instances
+	rejects map[string]int // job id -> rejections (asynq)
 }
 
 func newRecorder(start time.Time, total int) *recorder {
 	return &recorder{
 		start: start, total: total, complete: make(chan struct{}),
 		tenants: map[string]*tenantStats{}, byID: map[string]int{}, seqs: map[uint64]string{}, held: map[uint64]bool{},
-		admits: map[string][]event{},
+		admits: map[string][]event{}, procs: map[int]int{}, rejects: map[string]int{},
 	}
 }
 
@@ -88,6 +150,9 @@ func (r *recorder) handle(h handled) {
 	r.tenant(h.Tenant).Handled++
 	r.runs = append(r.runs, h)
 	r.byID[h.JobID]++
+	if h.Proc > 0 {
+		r.procs[h.Proc]++
+	}
 	r.check()
 }
 
@@ -104,6 +169,15 @@ func (r *recorder) nak(tenant string) {
 	defer r.mu.Unlock()
 	r.tenant(tenant).Naks++
 	r.naks++
+}
+
+// rejected records an asynq rejection of job id of tenant.
+func (r *recorder) rejected(tenant, id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tenant(tenant).Naks++
+	r.naks++
+	r.rejects[id]++
 }
 
 // hold records an InProgress for stream sequence seq; a message counts
@@ -137,12 +211,17 @@ func (r *recorder) maxDelivered(seq uint64) {
 }
 
 // progressLine returns a line such as
-// "t=3.5s published 200/368 handled 120/368 naks 40".
+// "t=3.5s published 200/368 handled 120/368 naks 40"; for asynq,
+// "asynq enqueued 200/368 handled 100/368 rejections 50".
 func (r *recorder) progressLine() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	line := fmt.Sprintf("t=%.1fs published %d/%d handled %d/%d naks %d",
-		time.Since(r.start).Seconds(), r.pubs, r.total, len(r.byID), r.total, r.naks)
+	line := fmt.Sprintf("t=%.1fs", time.Since(r.start).Seconds())
+	if r.consumer == consumerAsynq {
+		line = "asynq"
+	}
+	line += fmt.Sprintf(" %s %d/%d handled %d/%d %s %d",
+		r.consumer.published(), r.pubs, r.total, len(r.byID), r.total, r.consumer.rejections(), r.naks)
 	if r.lost > 0 {
 		line += fmt.Sprintf(" lost %d", r.lost)
 	}
@@ -183,23 +262,52 @@ type tenantReport struct {
 	Tenant string
 	Rate   throttle.Rate
 	tenantStats
-	MaxInWindow int // most units admitted in any window of Rate.Per
+	MaxInWindow int    // most units admitted in any window of Rate.Per
+	Bound       int    // the most the limiter may admit in such a window: the limit of a window, burst + refill for a bucket
+	BoundText   string // how Bound is made up, e.g. "limit 20" or "bound 40 = burst 20 + refill 20"
 }
 
-// Over reports whether the tenant was handled faster than its limit.
-func (t tenantReport) Over() bool { return t.MaxInWindow > t.Rate.Count }
+// Over reports whether the tenant was admitted more than its limiter's
+// bound in some window.
+func (t tenantReport) Over() bool { return t.MaxInWindow > t.Bound }
 
-// report is the outcome of a run.
+// report is the outcome of a run on one consumer. Without -redis it is the
+// whole outcome; with -redis, the report of the JetStream consumer holds
+// the asynq consumer's in Asynq.
 type report struct {
+	Consumer   consumer
 	Jobs       int                 // jobs in the file
 	Tenants    []tenantReport      // sorted by tenant
 	Missing    []string            // job ids never handled
-	Duplicates map[string][]uint64 // job id -> stream sequence of each run, for ids run more than once
+	Duplicates map[string][]string // job id -> message of each run (see handled.Ref), for ids run more than once
 	Elapsed    time.Duration
+
+	Hybrid    *bucket.HybridStats // decisions by source, with -limiter hybrid
+	Instances int                 // worker processes, with -instances (else 0)
+	Processes map[int]int         // handler runs per worker process, with -instances
+
+	// asynq only.
+	Queue          string
+	Archived       int // archived tasks left in the queue at the end; -1 when unknown
+	Failed         int // tasks asynq counted as failed today in the queue
+	MaxRetry       int // of every task
+	MostRejections int // most rejections of one job
+
+	Asynq *report // the asynq consumer, with -redis
 }
 
 // ExactlyOnce reports whether every job was handled exactly one time.
 func (r report) ExactlyOnce() bool { return len(r.Missing) == 0 && len(r.Duplicates) == 0 }
+
+// OK reports whether the run passes every check: every job handled exactly
+// once and no tenant over its limiter's bound, on each consumer, and no
+// asynq task archived.
+func (r report) OK() bool {
+	if !r.ExactlyOnce() || !r.WithinLimits() || r.Archived != 0 {
+		return false
+	}
+	return r.Asynq == nil || r.Asynq.OK()
+}
 
 // WithinLimits reports whether no tenant was handled faster than its limit.
 func (r report) WithinLimits() bool {
@@ -212,11 +320,11 @@ func (r report) WithinLimits() bool {
 }
 
 // summarize builds the report of a run over jobs, with the limit of each
-// tenant from rateOf.
-func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate) report {
+// tenant from rateOf and the bound from spec.
+func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec limiterSpec) report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rep := report{Jobs: len(jobs), Duplicates: map[string][]uint64{}, Elapsed: time.Since(r.start)}
+	rep := report{Consumer: r.consumer, Jobs: len(jobs), Duplicates: map[string][]string{}, Elapsed: time.Since(r.start)}
 	for _, j := range jobs {
 		if r.byID[j.ID] == 0 {
 			rep.Missing = append(rep.Missing, j.ID)
@@ -225,55 +333,142 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate) repo
 	}
 	for _, h := range r.runs {
 		if r.byID[h.JobID] > 1 {
-			rep.Duplicates[h.JobID] = append(rep.Duplicates[h.JobID], h.Seq)
+			rep.Duplicates[h.JobID] = append(rep.Duplicates[h.JobID], h.Ref)
 		}
 	}
 	for name, ts := range r.tenants {
 		rate := rateOf(name)
+		bound, text := spec.bound(rate)
 		rep.Tenants = append(rep.Tenants, tenantReport{
 			Tenant:      name,
 			Rate:        rate,
 			tenantStats: *ts,
 			MaxInWindow: maxInWindow(r.admits[name], rate.Per),
+			Bound:       bound,
+			BoundText:   text,
 		})
+	}
+	if len(r.procs) > 0 {
+		rep.Processes = map[int]int{}
+		for p, n := range r.procs {
+			rep.Processes[p] = n
+		}
+	}
+	for _, n := range r.rejects {
+		rep.MostRejections = max(rep.MostRejections, n)
 	}
 	sort.Slice(rep.Tenants, func(a, b int) bool { return rep.Tenants[a].Tenant < rep.Tenants[b].Tenant })
 	sort.Strings(rep.Missing)
 	return rep
 }
 
-// print writes the per-tenant summary and, last, the exactly-once verdict.
+// print writes the per-tenant summary of each consumer and, last, the
+// exactly-once verdict.
 func (rep report) print(w io.Writer) {
+	if rep.Asynq == nil {
+		rep.printTable(w, "")
+	} else {
+		rep.printTable(w, "NATS JetStream, consumer "+durableName+":")
+		rep.Asynq.printTable(w, "asynq, queue "+rep.Asynq.Queue+":")
+	}
+	fmt.Fprintln(w, rep.verdict())
+}
+
+// printTable writes the per-tenant rows of one consumer, under heading
+// unless it is empty, and what the limiter and the processes did.
+func (rep report) printTable(w io.Writer, heading string) {
+	if heading != "" {
+		fmt.Fprintln(w, heading)
+	}
+	c := rep.Consumer
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "tenant\trate\tpublished\thandled\tnaks\tholds\tlost\tmost admitted in any window (cost units)")
+	if c == consumerAsynq {
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\t%s\tlost\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+	} else {
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\t%s\tholds\tlost\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+	}
 	for _, t := range rep.Tenants {
 		verdict := ""
 		if t.Over() {
 			verdict = "  OVER THE LIMIT"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\tmax in any %v: %d (limit %d)%s\n",
-			t.Tenant, t.Rate, t.Published, t.Handled, t.Naks, t.Holds, t.Terms+t.MaxDeliver, t.Rate.Per, t.MaxInWindow, t.Rate.Count, verdict)
+		holds := fmt.Sprintf("%d\t", t.Holds)
+		if c == consumerAsynq {
+			holds = ""
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s%d\tmax in any %v: %d (%s)%s\n",
+			t.Tenant, t.Rate, t.Published, t.Handled, t.Naks, holds, t.Terms+t.MaxDeliver, t.Rate.Per, t.MaxInWindow, t.BoundText, verdict)
 	}
 	tw.Flush()
-	if rep.ExactlyOnce() {
-		fmt.Fprintf(w, "OK: all %d jobs handled exactly once in %.1fs\n", rep.Jobs, rep.Elapsed.Seconds())
-		return
+	if h := rep.Hybrid; h != nil {
+		line := fmt.Sprintf("hybrid decisions: %d local, %d Redis, %d degraded", h.Local, h.Redis, h.Degraded)
+		if h.Errors > 0 {
+			line += fmt.Sprintf(", %d errors", h.Errors)
+		}
+		if n := h.Local + h.Redis; n > 0 {
+			line += fmt.Sprintf(" (%.0f%% without a Redis round trip)", 100*float64(h.Local)/float64(n))
+		}
+		fmt.Fprintln(w, line)
+		fmt.Fprintf(w, "(a hybrid's bound counts the refill over the window plus the %v a leased token may be held)\n", hybridHold)
 	}
+	if rep.Instances > 0 {
+		parts := make([]string, rep.Instances)
+		for i := range parts {
+			parts[i] = fmt.Sprintf("#%d %d", i+1, rep.Processes[i+1])
+		}
+		fmt.Fprintf(w, "jobs handled per worker process: %s\n", strings.Join(parts, ", "))
+	}
+	if c == consumerAsynq {
+		archived := strconv.Itoa(rep.Archived)
+		if rep.Archived < 0 {
+			archived = "unknown"
+		}
+		fmt.Fprintf(w, "asynq: %s archived, %d failed; at most %d rejections of one task, with MaxRetry %d\n",
+			archived, rep.Failed, rep.MostRejections, rep.MaxRetry)
+	}
+}
+
+// verdict is the last line of the summary: OK, or FAIL and why.
+func (rep report) verdict() string {
+	if rep.Asynq == nil {
+		by := ""
+		if rep.Instances > 0 {
+			by = fmt.Sprintf(" across %d worker processes", rep.Instances)
+		}
+		if rep.ExactlyOnce() {
+			return fmt.Sprintf("OK: all %d jobs handled exactly once%s in %.1fs", rep.Jobs, by, rep.Elapsed.Seconds())
+		}
+		return "FAIL: not every job handled exactly once: " + rep.failures()
+	}
+	a := rep.Asynq
+	elapsed := max(rep.Elapsed, a.Elapsed)
+	if rep.ExactlyOnce() && a.ExactlyOnce() && a.Archived == 0 {
+		return fmt.Sprintf("OK: all %d jobs handled exactly once on NATS and on asynq, 0 archived, in %.1fs", rep.Jobs, elapsed.Seconds())
+	}
+	archived := strconv.Itoa(a.Archived)
+	if a.Archived < 0 {
+		archived = "unknown"
+	}
+	return fmt.Sprintf("FAIL: not every job handled exactly once: NATS: %s; asynq: %s, %s archived", rep.failures(), a.failures(), archived)
+}
+
+// failures says which jobs were not handled exactly once.
+func (rep report) failures() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "FAIL: not every job handled exactly once: %d of %d never handled", len(rep.Missing), rep.Jobs)
+	fmt.Fprintf(&b, "%d of %d never handled", len(rep.Missing), rep.Jobs)
 	if len(rep.Missing) > 0 {
 		b.WriteString(" (" + sample(rep.Missing) + ")")
 	}
 	fmt.Fprintf(&b, ", %d handled more than once", len(rep.Duplicates))
 	if len(rep.Duplicates) > 0 {
 		ids := make([]string, 0, len(rep.Duplicates))
-		for id, seqs := range rep.Duplicates {
-			ids = append(ids, fmt.Sprintf("%s x%d at stream seq %v", id, len(seqs), seqs))
+		for id, refs := range rep.Duplicates {
+			ids = append(ids, fmt.Sprintf("%s x%d %s [%s]", id, len(refs), rep.Consumer.ref(), strings.Join(refs, " ")))
 		}
 		sort.Strings(ids)
 		b.WriteString(" (" + sample(ids) + ")")
 	}
-	fmt.Fprintln(w, b.String())
+	return b.String()
 }
 
 // sample joins up to 5 items, with "..." when there are more.

@@ -24,7 +24,6 @@ import (
 	natsthrottle "github.com/queuethrottle/queuethrottle/consumers/nats"
 	"github.com/queuethrottle/queuethrottle/internal/natsserver"
 	"github.com/queuethrottle/queuethrottle/throttle"
-	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // Names of what the worker creates on the NATS server. On an external
@@ -79,11 +78,21 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		}
 		return defRate
 	}
+	spec, err := parseLimiterSpec(cfg.Limiter, cfg.Burst, cfg.RedisURL)
+	if err != nil {
+		return report{}, err
+	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultConfig().Timeout
 	}
 	if cfg.Progress <= 0 {
 		cfg.Progress = defaultConfig().Progress
+	}
+	switch {
+	case cfg.Instances > 1:
+		return workInstances(ctx, cfg, stdout, jf, rateOf, defRate, spec)
+	case cfg.Instances < 1:
+		return report{}, fmt.Errorf("-instances: must be >= 1, got %d", cfg.Instances)
 	}
 
 	var cl closers
@@ -92,7 +101,13 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	lim, windowName, err := newLimiter(ctx, cfg.RedisURL, jf.tenants(), rateOf, &cl)
+	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
+	if err != nil {
+		return report{}, err
+	}
+	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
+	prefix := "queuethrottle:example:" + runID + ":"
+	lim, limName, err := newLimiter(spec, rc, prefix, jf.tenants(), rateOf, &cl)
 	if err != nil {
 		return report{}, err
 	}
@@ -117,76 +132,58 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// limit while the admissions respect it.
 	lim.admitted = rec.admitted
 
+	// With -redis, an asynq server on the same Redis gets the same jobs,
+	// gated by a limiter of its own (keys under a prefix of their own).
+	var as *asynqSide
+	if rc != nil {
+		alim, _, err := newLimiter(spec, rc, prefix+"asynq:", jf.tenants(), rateOf, &cl)
+		if err != nil {
+			return report{}, err
+		}
+		arec := newRecorder(start, len(jf.Jobs))
+		arec.consumer = consumerAsynq
+		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, &cl); err != nil {
+			return report{}, err
+		}
+	}
+
 	// Messages the server stops delivering (MaxDeliver reached) are lost
 	// to this consumer: count them, and stop waiting for them.
-	advSub, err := nc.Subscribe(jetstream.DefaultAPIPrefix+"EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+streamName+"."+durableName, func(m *nats.Msg) {
-		var adv struct {
-			StreamSeq uint64 `json:"stream_seq"`
-		}
-		if json.Unmarshal(m.Data, &adv) == nil {
-			rec.maxDelivered(adv.StreamSeq)
-		}
-	})
-	if err != nil {
+	if err := watchMaxDeliveries(nc, rec, &cl); err != nil {
 		return report{}, err
 	}
-	cl.add(func() { advSub.Unsubscribe() })
 
 	// The worker: the job handler gated by the throttle.
 	tracer := tp.Tracer(scopeName)
 	w := &worker{rec: rec, tracer: tracer}
-	throttled, err := natsthrottle.New(w.handle, gate,
-		natsthrottle.WithKeyFunc(func(m jetstream.Msg) (string, error) { return tenantOf(m.Subject()) }),
-		natsthrottle.WithCostFunc(jobCost),
-		natsthrottle.WithConsumerConfig(consumerConfig()),
-		natsthrottle.WithTracerProvider(tp),
-		natsthrottle.WithPropagators(propagation.TraceContext{}),
-		natsthrottle.WithErrorHandler(func(m jetstream.Msg, err error) { w.throttleErrs.add(m.Subject(), err) }),
-	)
+	stopConsumer, err := consume(cons, gate, w, tp)
 	if err != nil {
 		return report{}, err
 	}
-	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
-		tenant, _ := tenantOf(m.Subject())
-		throttled.Handle(observedMsg{Msg: m, rec: rec, tenant: tenant})
-	})
-	if err != nil {
-		return report{}, fmt.Errorf("consume: %w", err)
-	}
-	// Stop pulling, then wait for the messages the throttle holds.
-	stopConsumer := sync.OnceFunc(func() {
-		consumeCtx.Stop()
-		select {
-		case <-consumeCtx.Closed():
-		case <-time.After(10 * time.Second):
-		}
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		throttled.Close(cctx)
-	})
 	cl.add(stopConsumer)
 
-	var overrides []string
-	for _, t := range jf.tenants() {
-		if r, ok := jf.Rates[t]; ok {
-			overrides = append(overrides, t+" "+r.String())
-		}
-	}
-	limits := fmt.Sprintf("limit %v per tenant", defRate)
-	if len(overrides) > 0 {
-		limits += " (" + strings.Join(overrides, ", ") + ")"
-	}
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s\n",
-		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), windowName, limits)
+		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, limitsText(jf, defRate))
+	if as != nil {
+		fmt.Fprintf(out, "and into asynq queue %s on the same Redis, gated by a limiter of its own (same limits), tasks with MaxRetry %d\n", as.queue, asynqMaxRetry)
+	}
 
 	// Publish the jobs at their arrival offsets, and wait.
+	var complete <-chan struct{} = rec.complete
+	progress := rec.progressLine
+	var enqueue func(context.Context, job) error
+	if as != nil {
+		complete = allClosed(rec.complete, as.rec.complete)
+		progress = func() string { return rec.progressLine() + " | " + as.rec.progressLine() }
+		enqueue = as.enqueue
+	}
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	pubDone := make(chan error, 1)
 	go func() {
-		pubDone <- publish(pctx, js, tracer, propagation.TraceContext{}, jf.Jobs, start, rec)
+		pubDone <- publish(pctx, js, tracer, propagation.TraceContext{}, jf.Jobs, start, rec, enqueue)
 	}()
-	stopReason, pubErr, pubReturned := wait(ctx, cfg, rec, pubDone, out)
+	stopReason, pubErr, pubReturned := wait(ctx, cfg, complete, progress, pubDone, nil, out)
 	pcancel()
 	if !pubReturned {
 		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {
@@ -195,6 +192,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	}
 
 	stopConsumer()
+	if as != nil {
+		as.stop()
+	}
 	info := ""
 	ictx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -211,7 +211,20 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	}
 	w.handlerErrs.print(out, "handler error")
 	w.throttleErrs.print(out, "throttle error")
-	rep := rec.summarize(jf.Jobs, rateOf)
+	rep := rec.summarize(jf.Jobs, rateOf, spec)
+	if hs, ok := lim.hybridStats(); ok {
+		rep.Hybrid = &hs
+	}
+	if as != nil {
+		as.handlerErrs.print(out, "asynq handler error")
+		as.throttleErrs.print(out, "asynq throttle error")
+		arep := as.rec.summarize(jf.Jobs, rateOf, spec)
+		arep.Queue, arep.Archived, arep.Failed, arep.MaxRetry = as.queue, as.archived, as.failed, asynqMaxRetry
+		if hs, ok := as.lim.hybridStats(); ok {
+			arep.Hybrid = &hs
+		}
+		rep.Asynq = &arep
+	}
 	rep.print(out)
 	if pubErr != nil {
 		return rep, fmt.Errorf("publish: %w", pubErr)
@@ -219,26 +232,109 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	return rep, nil
 }
 
-// wait prints a progress line every cfg.Progress until every job is handled
-// (or lost), publishing fails, cfg.Timeout passes or ctx is done. It
-// returns why it stopped early ("" when every job was handled or lost), the
-// publishing error, and whether it received the publisher's result.
-func wait(ctx context.Context, cfg config, rec *recorder, pubDone <-chan error, out io.Writer) (stopReason string, pubErr error, pubReturned bool) {
+// limitsText describes the limits: "limit 20/1s per tenant (initech
+// 10/1s)".
+func limitsText(jf jobsFile, defRate throttle.Rate) string {
+	var overrides []string
+	for _, t := range jf.tenants() {
+		if r, ok := jf.Rates[t]; ok {
+			overrides = append(overrides, t+" "+r.String())
+		}
+	}
+	limits := fmt.Sprintf("limit %v per tenant", defRate)
+	if len(overrides) > 0 {
+		limits += " (" + strings.Join(overrides, ", ") + ")"
+	}
+	return limits
+}
+
+// watchMaxDeliveries counts, in rec, the messages the server gives up on
+// (MAX_DELIVERIES advisories of the worker's consumer). cl unsubscribes.
+func watchMaxDeliveries(nc *nats.Conn, rec *recorder, cl *closers) error {
+	advSub, err := nc.Subscribe(jetstream.DefaultAPIPrefix+"EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+streamName+"."+durableName, func(m *nats.Msg) {
+		var adv struct {
+			StreamSeq uint64 `json:"stream_seq"`
+		}
+		if json.Unmarshal(m.Data, &adv) == nil {
+			rec.maxDelivered(adv.StreamSeq)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	cl.add(func() { advSub.Unsubscribe() })
+	return nil
+}
+
+// consume runs w's handler, gated by gate, on cons. The returned function
+// stops pulling, then waits for the messages the throttle holds; it is
+// safe to call more than once.
+func consume(cons jetstream.Consumer, gate *throttle.Gate, w *worker, tp trace.TracerProvider) (func(), error) {
+	throttled, err := natsthrottle.New(w.handle, gate,
+		natsthrottle.WithKeyFunc(func(m jetstream.Msg) (string, error) { return tenantOf(m.Subject()) }),
+		natsthrottle.WithCostFunc(jobCost),
+		natsthrottle.WithConsumerConfig(consumerConfig()),
+		natsthrottle.WithTracerProvider(tp),
+		natsthrottle.WithPropagators(propagation.TraceContext{}),
+		natsthrottle.WithErrorHandler(func(m jetstream.Msg, err error) { w.throttleErrs.add(m.Subject(), err) }),
+	)
+	if err != nil {
+		return nil, err
+	}
+	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
+		tenant, _ := tenantOf(m.Subject())
+		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consume: %w", err)
+	}
+	return sync.OnceFunc(func() {
+		consumeCtx.Stop()
+		select {
+		case <-consumeCtx.Closed():
+		case <-time.After(10 * time.Second):
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		throttled.Close(cctx)
+	}), nil
+}
+
+// allClosed returns a channel closed once every one of chans is closed.
+func allClosed(chans ...<-chan struct{}) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		for _, c := range chans {
+			<-c
+		}
+		close(done)
+	}()
+	return done
+}
+
+// wait prints a progress line every cfg.Progress until complete is closed
+// (every job handled or lost), publishing fails, something arrives on
+// abort (a worker process ended early), cfg.Timeout passes or ctx is done.
+// It returns why it stopped early ("" when every job was handled or lost),
+// the publishing error, and whether it received the publisher's result.
+func wait(ctx context.Context, cfg config, complete <-chan struct{}, progressLine func() string, pubDone, abort <-chan error, out io.Writer) (stopReason string, pubErr error, pubReturned bool) {
 	progress := time.NewTicker(cfg.Progress)
 	defer progress.Stop()
 	timeout := time.NewTimer(cfg.Timeout)
 	defer timeout.Stop()
 	for {
 		select {
-		case <-rec.complete:
+		case <-complete:
 			return "", nil, pubReturned
 		case err := <-pubDone:
 			pubDone, pubReturned = nil, true
 			if err != nil {
 				return "publishing failed: " + err.Error(), err, true
 			}
+		case err := <-abort:
+			return err.Error(), nil, pubReturned
 		case <-progress.C:
-			fmt.Fprintln(out, rec.progressLine())
+			fmt.Fprintln(out, progressLine())
 		case <-timeout.C:
 			return fmt.Sprintf("timed out after %v", cfg.Timeout), nil, pubReturned
 		case <-ctx.Done():
@@ -286,17 +382,16 @@ func tracing(mode string, out io.Writer, cl *closers) (trace.TracerProvider, err
 	}
 }
 
-// newLimiter returns the per-tenant limiter and a description of its
-// windows: in-memory, or in Redis at redisURL (keys under a prefix of their
-// own for this run). The Redis client is closed by cl.
-func newLimiter(ctx context.Context, redisURL string, tenants []string, rateOf func(string) throttle.Rate, cl *closers) (*tenantLimiter, string, error) {
-	if redisURL == "" {
-		lim, err := newTenantLimiter(tenants, rateOf, func(r throttle.Rate) (throttle.Limiter, error) { return window.NewMemory(r) })
-		return lim, "in-memory window", err
+// dialRedis connects to the Redis at url, or returns nil for an empty
+// url. The client honours context deadlines (ContextTimeoutEnabled), as
+// the hybrid bucket requires. cl closes it.
+func dialRedis(ctx context.Context, url string, cl *closers) (*redis.Client, error) {
+	if url == "" {
+		return nil, nil
 	}
-	opt, err := redis.ParseURL(redisURL)
+	opt, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, "", fmt.Errorf("-redis: %w", err)
+		return nil, fmt.Errorf("-redis: %w", err)
 	}
 	opt.ContextTimeoutEnabled = true
 	rc := redis.NewClient(opt)
@@ -304,13 +399,30 @@ func newLimiter(ctx context.Context, redisURL string, tenants []string, rateOf f
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if err := rc.Ping(pctx).Err(); err != nil {
-		return nil, "", fmt.Errorf("-redis: ping %s: %w", opt.Addr, err)
+		return nil, fmt.Errorf("-redis: ping %s: %w", opt.Addr, err)
 	}
-	prefix := "queuethrottle:example:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
-	lim, err := newTenantLimiter(tenants, rateOf, func(r throttle.Rate) (throttle.Limiter, error) {
-		return window.NewRedis(rc, r, window.WithPrefix(prefix))
+	return rc, nil
+}
+
+// newLimiter returns the per-tenant limiter of spec and a description of
+// it: in process when rc is nil, otherwise in Redis with keys under prefix
+// (a prefix of their own for this run). cl closes a hybrid's limiters,
+// returning their unused tokens, before it closes rc.
+func newLimiter(spec limiterSpec, rc *redis.Client, prefix string, tenants []string, rateOf func(string) throttle.Rate, cl *closers) (*tenantLimiter, string, error) {
+	lim, err := newFamilyLimiter(spec, rc, prefix, tenants, rateOf)
+	if err != nil {
+		return nil, "", err
+	}
+	cl.add(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		lim.close(ctx)
 	})
-	return lim, "Redis window at " + opt.Addr, err
+	addr := ""
+	if rc != nil {
+		addr = rc.Options().Addr
+	}
+	return lim, spec.describe(addr), nil
 }
 
 // connect connects to the NATS server at url or, if url is empty, to an
@@ -395,8 +507,9 @@ func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cl *closers)
 // Consume goroutine or, for a message held on its last delivery, on the
 // throttle's goroutine for it.
 type worker struct {
-	rec    *recorder
+	rec    events
 	tracer trace.Tracer
+	proc   int // worker process, with -instances
 
 	handlerErrs, throttleErrs errorLog
 }
@@ -417,7 +530,7 @@ func (w *worker) handle(m jetstream.Msg) {
 	// The job's span is a child of the throttle's process span.
 	ctx, span := w.tracer.Start(natsthrottle.ContextFromMsg(m), "handle "+j.ID)
 	defer span.End()
-	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Seq: seq})
+	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc})
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := m.DoubleAck(ctx); err != nil {
@@ -437,7 +550,9 @@ func jobCost(m jetstream.Msg) (int, error) {
 // publish sends each job to jobs.<tenant> at start + its arrival offset,
 // with the job id as Nats-Msg-Id so a resend is deduplicated, and the trace
 // context of a producer span in the headers.
-func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder) error {
+//
+// With enqueue, each job is also handed to it right after it is published.
+func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job) error) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
@@ -470,6 +585,11 @@ func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, p
 		if !ack.Duplicate {
 			rec.published(j.Tenant, ack.Sequence)
 		}
+		if enqueue != nil {
+			if err := enqueue(ctx, j); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -478,7 +598,7 @@ func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, p
 // the messages it holds (sends InProgress for).
 type observedMsg struct {
 	jetstream.Msg
-	rec    *recorder
+	rec    events
 	tenant string
 }
 
@@ -540,14 +660,23 @@ func (l *errorLog) add(what string, err error) {
 }
 
 func (l *errorLog) print(w io.Writer, kind string) {
+	for _, line := range l.lines(kind) {
+		fmt.Fprintln(w, line)
+	}
+}
+
+// lines returns the lines print writes.
+func (l *errorLog) lines(kind string) []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	var lines []string
 	for _, e := range l.first {
-		fmt.Fprintf(w, "%s: %s\n", kind, e)
+		lines = append(lines, kind+": "+e)
 	}
 	if l.n > len(l.first) {
-		fmt.Fprintf(w, "%s: ... %d more\n", kind, l.n-len(l.first))
+		lines = append(lines, fmt.Sprintf("%s: ... %d more", kind, l.n-len(l.first)))
 	}
+	return lines
 }
 
 // plural returns "1 job", "2 jobs".

@@ -80,3 +80,30 @@ func Key(prefix, id string) string {
 func CheckPrefix(p string) bool {
 	return strings.IndexByte(p, '{') < 0 && strings.IndexByte(p, '}') < 0
 }
+
+// Slots is the number of Redis Cluster hash slots.
+const Slots = 16384
+
+// Slot returns the Redis Cluster hash slot of the Redis key key, as Redis
+// computes it (CLUSTER KEYSLOT): the CRC16 (XMODEM) of its hash tag, the
+// text between the first '{' and the next '}' if that is not empty, else
+// of the whole key, modulo 16384.
+func Slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % Slots
+}

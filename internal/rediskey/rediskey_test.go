@@ -80,3 +80,28 @@ func BenchmarkKey(b *testing.B) {
 		_ = Key("throttle:bucket:", "tenant-42")
 	}
 }
+
+func TestSlot(t *testing.T) {
+	// Expected values from CLUSTER KEYSLOT on Redis 7.0.
+	tests := []struct {
+		key  string
+		want int
+	}{
+		{"", 0},
+		{"foo", 12182},
+		{"bar", 5061},
+		{"123456789", 12739}, // the CRC16/XMODEM check value 0x31C3
+		{"foo{}{bar}", 8363}, // empty tag: the whole key
+		{"foo{{bar}}zap", 4015},
+		{"foo{bar}{zap}", 5061}, // the first tag only
+		{"p:{bar}", 5061},
+	}
+	for _, tt := range tests {
+		if got := Slot(tt.key); got != tt.want {
+			t.Errorf("Slot(%q) = %d, want %d", tt.key, got, tt.want)
+		}
+	}
+	if a, b := Slot(Key("a:", "x{y}")), Slot(Key("b:", "x{y}")); a != b {
+		t.Errorf("one identity under two prefixes in slots %d and %d", a, b)
+	}
+}

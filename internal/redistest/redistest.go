@@ -27,6 +27,7 @@ type Server struct {
 	bin  string
 	port int
 	dir  string
+	args []string // more arguments, after the common ones
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -86,12 +87,19 @@ func Main(m *testing.M) {
 // lookBinary finds redis-server or skips t (fails it under CI=true).
 func lookBinary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("REDIS_SERVER"); p != "" {
+	return lookTool(t, "REDIS_SERVER", "redis-server")
+}
+
+// lookTool returns $env if set, else name's path on $PATH; when it is not
+// there it skips t, or fails it when CI is "true".
+func lookTool(t testing.TB, env, name string) string {
+	t.Helper()
+	if p := os.Getenv(env); p != "" {
 		return p
 	}
-	p, err := exec.LookPath("redis-server")
+	p, err := exec.LookPath(name)
 	if err != nil {
-		msg := "redistest: redis-server not found on PATH (set REDIS_SERVER or install it, e.g. apt-get install redis-server)"
+		msg := fmt.Sprintf("redistest: %s not found on PATH (set %s or install it, e.g. apt-get install redis-server)", name, env)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}
@@ -100,7 +108,12 @@ func lookBinary(t testing.TB) string {
 	return p
 }
 
-func newServer(bin string) (*Server, error) {
+func newServer(bin string) (*Server, error) { return newServerArgs(bin, nil) }
+
+// newServerArgs starts a server on a free port; extra, if not nil, returns
+// more arguments for the port chosen (it is called again for each port
+// tried).
+func newServerArgs(bin string, extra func(port int) ([]string, error)) (*Server, error) {
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
 		return nil, err
@@ -114,6 +127,11 @@ func newServer(bin string) (*Server, error) {
 			continue
 		}
 		s.port = port
+		if extra != nil {
+			if s.args, lastErr = extra(port); lastErr != nil {
+				continue
+			}
+		}
 		if lastErr = s.start(); lastErr == nil {
 			return s, nil
 		}
@@ -139,14 +157,15 @@ func (s *Server) start() error {
 	if s.cmd != nil {
 		return fmt.Errorf("server on port %d is already running", s.port)
 	}
-	cmd := exec.Command(s.bin,
+	args := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", s.dir,
 		"--enable-debug-command", "local",
-	)
+	}
+	cmd := exec.Command(s.bin, append(args, s.args...)...)
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = sysProcAttr()

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	asynqthrottle "github.com/queuethrottle/queuethrottle/consumers/asynq"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// The asynq side of a run with -redis: the same jobs, enqueued as tasks of
+// taskType on a queue of their own for the run, consumed by an asynq
+// server whose handler is gated by a limiter of its own.
+const (
+	taskType = "job"
+	// asynqMaxRetry is every task's MaxRetry: small, so that a task
+	// rejected more often than that and still handled shows that
+	// throttling never uses up retries.
+	asynqMaxRetry = 2
+	// asynqCheckInterval is how often asynq moves due retries to pending.
+	// asynq keeps retry times in whole seconds, so a rejected task comes
+	// back between its retry-after and about a second plus this later.
+	asynqCheckInterval = 200 * time.Millisecond
+)
+
+// asynqSide is the asynq producer and consumer of a run.
+type asynqSide struct {
+	queue  string
+	rc     *redis.Client
+	client *asynq.Client
+	srv    *asynq.Server
+	insp   *asynq.Inspector
+	lim    *tenantLimiter
+	rec    *recorder
+	tracer trace.Tracer
+
+	handlerErrs, throttleErrs errorLog
+
+	stopOnce sync.Once
+	archived int // after stop; -1 when unknown
+	failed   int
+}
+
+// startAsynq starts the asynq server of a run on the Redis at redisURL
+// (with a client of its own), on queue, gated by a Gate over lim (whose
+// Redis client honours context deadlines). Admissions and handler runs go
+// to rec. cl stops the server, deletes the queue and closes the client.
+func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, rec *recorder, tp trace.TracerProvider, cl *closers) (*asynqSide, error) {
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("-redis: %w", err)
+	}
+	rc := redis.NewClient(opt)
+	cl.add(func() { rc.Close() })
+
+	a := &asynqSide{
+		queue:    queue,
+		rc:       rc,
+		client:   asynq.NewClientFromRedisClient(rc),
+		insp:     asynq.NewInspectorFromRedisClient(rc),
+		lim:      lim,
+		rec:      rec,
+		tracer:   tp.Tracer(scopeName),
+		archived: -1,
+	}
+	lim.admitted = rec.admitted
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp))
+	if err != nil {
+		return nil, err
+	}
+	a.srv = asynq.NewServerFromRedisClient(rc, asynq.Config{
+		Concurrency: 20,
+		Queues:      map[string]int{queue: 1},
+		// Throttling is not a failure: the retry count stays, and the
+		// task is neither counted as failed nor archived. (Compose your
+		// own: func(err error) bool { return asynqthrottle.IsFailure(err) && mine(err) }.)
+		IsFailure: asynqthrottle.IsFailure,
+		// A rejected task comes back after its retry-after (rounded up to
+		// asynq's whole seconds); genuine failures get asynq's backoff.
+		RetryDelayFunc:           asynqthrottle.RetryDelayFunc(nil),
+		DelayedTaskCheckInterval: asynqCheckInterval,
+		TaskCheckInterval:        100 * time.Millisecond,
+		ShutdownTimeout:          5 * time.Second,
+		ErrorHandler:             asynq.ErrorHandlerFunc(a.handleError),
+		LogLevel:                 asynq.WarnLevel,
+	})
+	mux := asynq.NewServeMux()
+	mux.Use(asynqthrottle.Middleware(gate,
+		asynqthrottle.WithClient(a.client), // re-enqueue instead of archiving on a last attempt
+		asynqthrottle.WithKeyFunc(func(_ context.Context, t *asynq.Task) (string, error) {
+			j, err := taskJob(t)
+			return j.Tenant, err
+		}),
+		asynqthrottle.WithCostFunc(func(_ context.Context, t *asynq.Task) (int, error) {
+			j, err := taskJob(t)
+			return max(j.Cost, 1), err
+		}),
+		asynqthrottle.WithTracerProvider(tp),
+		asynqthrottle.WithPropagators(propagation.TraceContext{}),
+	))
+	mux.HandleFunc(taskType, a.handle)
+	if err := a.srv.Start(mux); err != nil {
+		return nil, fmt.Errorf("asynq server: %w", err)
+	}
+	cl.add(a.stop)
+	return a, nil
+}
+
+// taskJob decodes the job of a task.
+func taskJob(t *asynq.Task) (job, error) {
+	var j job
+	if err := json.Unmarshal(t.Payload(), &j); err != nil {
+		return job{}, fmt.Errorf("job payload: %w", err)
+	}
+	return j, nil
+}
+
+// enqueue enqueues job j as a task with the job id as task ID (so a resend
+// is refused as a duplicate), MaxRetry asynqMaxRetry, and the trace context
+// of a producer span in its headers.
+func (a *asynqSide) enqueue(ctx context.Context, j job) error {
+	data, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	sctx, span := a.tracer.Start(ctx, "send "+a.queue, trace.WithSpanKind(trace.SpanKindProducer))
+	defer span.End()
+	task := asynq.NewTaskWithHeaders(taskType, data, asynqthrottle.InjectTraceContext(sctx, nil))
+	ectx, cancel := context.WithTimeout(sctx, 5*time.Second)
+	defer cancel()
+	_, err = a.client.EnqueueContext(ectx, task, asynq.Queue(a.queue), asynq.TaskID(j.ID), asynq.MaxRetry(asynqMaxRetry))
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict), errors.Is(err, asynq.ErrDuplicateTask):
+		return nil
+	case err != nil:
+		return fmt.Errorf("enqueue job %s: %w", j.ID, err)
+	}
+	a.rec.published(j.Tenant, 0)
+	return nil
+}
+
+// handle is the job handler: it runs only for admitted tasks, and records
+// the job.
+func (a *asynqSide) handle(ctx context.Context, t *asynq.Task) error {
+	j, err := taskJob(t)
+	if err != nil {
+		a.handlerErrs.add("task "+t.Type(), err)
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	// The job's span is a child of the middleware's process span.
+	_, span := a.tracer.Start(ctx, "handle "+j.ID)
+	defer span.End()
+	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id})
+	return nil
+}
+
+// handleError sees every error a task returns: rejections (counted), and
+// what asynq is about to archive (reported, and the job counted lost).
+func (a *asynqSide) handleError(_ context.Context, t *asynq.Task, err error) {
+	j, jerr := taskJob(t)
+	if jerr != nil {
+		return // reported by handle
+	}
+	var rl *asynqthrottle.RateLimitError
+	switch {
+	case errors.As(err, &rl):
+		a.rec.rejected(j.Tenant, j.ID)
+		if rl.Err != nil { // could not be kept from asynq's archive
+			a.throttleErrs.add(taskType+" "+j.ID, err)
+			a.rec.term(j.Tenant)
+		}
+	case errors.Is(err, asynq.SkipRetry): // never admissible: archived at once
+		a.throttleErrs.add(taskType+" "+j.ID, err)
+		a.rec.term(j.Tenant)
+	default:
+		a.handlerErrs.add(taskType+" "+j.ID, err)
+	}
+}
+
+// stop shuts the server down, then reads how many tasks the queue archived
+// and counted failed, and deletes the queue and its statistics. It is safe
+// to call more than once.
+func (a *asynqSide) stop() {
+	a.stopOnce.Do(func() {
+		a.srv.Shutdown()
+		if qi, err := a.insp.GetQueueInfo(a.queue); err == nil {
+			a.archived, a.failed = qi.Archived, qi.Failed
+		} else {
+			a.handlerErrs.add("inspect queue "+a.queue, err)
+		}
+		if err := a.insp.DeleteQueue(a.queue, true); err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
+			a.handlerErrs.add("delete queue "+a.queue, err)
+		}
+		// DeleteQueue leaves the processed and failed counters (asynq's
+		// keys of a queue are "asynq:{<queue>}:...").
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var keys []string
+		iter := a.rc.Scan(ctx, 0, "asynq:{"+a.queue+"}:*", 100).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		err := iter.Err()
+		if err == nil && len(keys) > 0 {
+			err = a.rc.Del(ctx, keys...).Err()
+		}
+		if err != nil {
+			a.handlerErrs.add("delete the statistics of queue "+a.queue, err)
+		}
+		a.client.Close()
+	})
+}

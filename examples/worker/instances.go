@@ -1,0 +1,423 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/queuethrottle/queuethrottle/bucket"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// With -instances N, the main process publishes the jobs and N worker
+// processes consume them: each is this program's own binary, run again
+// with -worker-only, consuming from the same durable consumer with the
+// Redis limiter (one key prefix for all). A worker process sends what
+// happens (admissions with their clock readings, handler runs, NAKs, ...)
+// to the main process as JSON lines on its stdout, as it happens; the main
+// process merges them and checks all processes together, exactly as it
+// checks one. A worker process stops when its stdin closes: when the main
+// process is done with it, or dies (on Linux it is also killed then, by
+// Pdeathsig).
+
+// childEnv is set in the environment of worker processes. The program
+// itself does not need it; a test binary that runs itself as the worker
+// (os.Executable is the test binary) looks for it in TestMain.
+const childEnv = "QUEUETHROTTLE_EXAMPLE_WORKER_PROCESS"
+
+// record is one JSON line from a worker process.
+type record struct {
+	Kind   string              `json:"kind"` // "admit", "handle", "nak", "hold", "term", "error" or "done"
+	Tenant string              `json:"tenant,omitempty"`
+	N      int                 `json:"n,omitempty"`      // admit: cost units
+	Before int64               `json:"before,omitempty"` // admit: clock before the decision, Unix ns
+	After  int64               `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
+	Run    *handled            `json:"run,omitempty"`    // handle
+	Seq    uint64              `json:"seq,omitempty"`    // hold: stream sequence
+	Err    string              `json:"err,omitempty"`    // error: a line for the summary
+	Hybrid *bucket.HybridStats `json:"hybrid,omitempty"` // done: the hybrid's decisions
+}
+
+// recordWriter sends the events of a worker process as records, one JSON
+// line each. It is safe for concurrent use.
+type recordWriter struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+	err error // first write error; later records are dropped
+}
+
+var _ events = (*recordWriter)(nil)
+
+func newRecordWriter(w io.Writer) *recordWriter { return &recordWriter{enc: json.NewEncoder(w)} }
+
+func (w *recordWriter) send(r record) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = w.enc.Encode(r)
+	}
+}
+
+func (w *recordWriter) admitted(tenant string, n int, before, after time.Time) {
+	w.send(record{Kind: "admit", Tenant: tenant, N: n, Before: before.UnixNano(), After: after.UnixNano()})
+}
+
+func (w *recordWriter) handle(h handled) { w.send(record{Kind: "handle", Run: &h}) }
+
+func (w *recordWriter) nak(tenant string) { w.send(record{Kind: "nak", Tenant: tenant}) }
+
+func (w *recordWriter) hold(tenant string, seq uint64) {
+	w.send(record{Kind: "hold", Tenant: tenant, Seq: seq})
+}
+
+func (w *recordWriter) term(tenant string) { w.send(record{Kind: "term", Tenant: tenant}) }
+
+// workerProcess is the -worker-only mode: consume the jobs of the stream
+// on the NATS server at cfg.NATSURL with the Redis limiter under
+// cfg.KeyPrefix, send records to out, and stop when stop is closed (stdin
+// at EOF) or ctx is done.
+func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io.Writer) error {
+	if cfg.NATSURL == "" || cfg.RedisURL == "" || cfg.KeyPrefix == "" {
+		return errors.New("-worker-only is for the worker processes of -instances: it needs -nats, -redis and -key-prefix")
+	}
+	jf, err := loadJobs(cfg.JobsPath)
+	if err != nil {
+		return err
+	}
+	defRate, err := throttle.ParseRate(cfg.Rate)
+	if err != nil {
+		return fmt.Errorf("-rate: %w", err)
+	}
+	rateOf := func(tenant string) throttle.Rate {
+		if r, ok := jf.Rates[tenant]; ok {
+			return r
+		}
+		return defRate
+	}
+	spec, err := parseLimiterSpec(cfg.Limiter, cfg.Burst, cfg.RedisURL)
+	if err != nil {
+		return err
+	}
+	var cl closers
+	defer cl.run()
+	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
+	if err != nil {
+		return err
+	}
+	lim, _, err := newLimiter(spec, rc, cfg.KeyPrefix, jf.tenants(), rateOf, &cl)
+	if err != nil {
+		return err
+	}
+	rw := newRecordWriter(out)
+	lim.admitted = rw.admitted
+	tp := noop.NewTracerProvider()
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp))
+	if err != nil {
+		return err
+	}
+	nc, _, err := connect(cfg.NATSURL, &cl)
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cons, err := js.Consumer(cctx, streamName, durableName)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("consumer %s of stream %s: %w", durableName, streamName, err)
+	}
+	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID}
+	stopConsumer, err := consume(cons, gate, w, tp)
+	if err != nil {
+		return err
+	}
+	cl.add(stopConsumer)
+
+	select {
+	case <-stop:
+	case <-ctx.Done():
+	}
+	stopConsumer()
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	lim.close(ctx) // return a hybrid's unused tokens before its stats
+	for _, e := range w.handlerErrs.lines("handler error") {
+		rw.send(record{Kind: "error", Err: e})
+	}
+	for _, e := range w.throttleErrs.lines("throttle error") {
+		rw.send(record{Kind: "error", Err: e})
+	}
+	done := record{Kind: "done"}
+	if hs, ok := lim.hybridStats(); ok {
+		done.Hybrid = &hs
+	}
+	rw.send(done)
+	return rw.err
+}
+
+// closedOnEOF returns a channel closed when r reaches EOF (or fails).
+func closedOnEOF(r io.Reader) <-chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, r)
+		close(c)
+	}()
+	return c
+}
+
+// process is a running worker process.
+type process struct {
+	id    int
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	read  chan struct{} // closed when its stdout is read to the end
+	done  bool          // sent its "done" record
+}
+
+// processes are the worker processes of a run and what they report.
+type processes struct {
+	rec    *recorder
+	list   []*process
+	exited chan error // a process ended before it was asked to stop
+
+	mu       sync.Mutex
+	errs     errorLog
+	hybrid   bucket.HybridStats
+	isHybrid bool
+	stopping bool
+}
+
+// startProcesses starts n worker processes (os.Executable() with
+// -worker-only and the settings of cfg) whose records go to rec. The
+// caller must call stop.
+func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder) (*processes, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("-instances: find this program's binary: %w", err)
+	}
+	jobsPath, err := filepath.Abs(cfg.JobsPath)
+	if err != nil {
+		return nil, err
+	}
+	ps := &processes{rec: rec, exited: make(chan error, n)}
+	for id := 1; id <= n; id++ {
+		args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", keyPrefix,
+			"-nats", natsURL, "-redis", cfg.RedisURL, "-jobs", jobsPath,
+			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst)}
+		cmd := exec.Command(exe, args...)
+		cmd.Env = append(os.Environ(), childEnv+"=1")
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = sysProcAttr()
+		p := &process{id: id, cmd: cmd, read: make(chan struct{})}
+		if p.stdin, err = cmd.StdinPipe(); err != nil {
+			ps.stop(0)
+			return nil, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			ps.stop(0)
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			ps.stop(0)
+			return nil, fmt.Errorf("start worker process #%d: %w", id, err)
+		}
+		ps.list = append(ps.list, p)
+		go ps.read(p, stdout)
+	}
+	return ps, nil
+}
+
+// read applies the records of p to the recorder until p's stdout ends;
+// if p ends before it was asked to stop, it says so on ps.exited.
+func (ps *processes) read(p *process, stdout io.Reader) {
+	defer close(p.read)
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var r record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			ps.errs.add(fmt.Sprintf("worker process #%d", p.id), fmt.Errorf("bad record %q: %w", sc.Text(), err))
+			continue
+		}
+		ps.apply(p, r)
+	}
+	err := p.cmd.Wait()
+	ps.mu.Lock()
+	stopping := ps.stopping
+	ps.mu.Unlock()
+	if !stopping {
+		if err == nil {
+			err = errors.New("exited")
+		}
+		ps.exited <- fmt.Errorf("worker process #%d (pid %d) ended early: %w", p.id, p.cmd.Process.Pid, err)
+	} else if err != nil {
+		ps.errs.add(fmt.Sprintf("worker process #%d (pid %d)", p.id, p.cmd.Process.Pid), err)
+	}
+}
+
+func (ps *processes) apply(p *process, r record) {
+	switch r.Kind {
+	case "admit":
+		ps.rec.admitted(r.Tenant, r.N, time.Unix(0, r.Before), time.Unix(0, r.After))
+	case "handle":
+		if r.Run != nil {
+			ps.rec.handle(*r.Run)
+		}
+	case "nak":
+		ps.rec.nak(r.Tenant)
+	case "hold":
+		ps.rec.hold(r.Tenant, r.Seq)
+	case "term":
+		ps.rec.term(r.Tenant)
+	case "error":
+		ps.errs.add(fmt.Sprintf("worker process #%d", p.id), errors.New(r.Err))
+	case "done":
+		ps.mu.Lock()
+		p.done = true
+		if h := r.Hybrid; h != nil {
+			ps.isHybrid = true
+			ps.hybrid.Local += h.Local
+			ps.hybrid.Redis += h.Redis
+			ps.hybrid.Degraded += h.Degraded
+			ps.hybrid.Errors += h.Errors
+		}
+		ps.mu.Unlock()
+	}
+}
+
+// stop asks every process to stop (closes its stdin), waits up to grace
+// for them to send their last records and exit, and kills the rest.
+func (ps *processes) stop(grace time.Duration) {
+	ps.mu.Lock()
+	ps.stopping = true
+	ps.mu.Unlock()
+	for _, p := range ps.list {
+		p.stdin.Close()
+	}
+	deadline := time.After(grace)
+	for _, p := range ps.list {
+		select {
+		case <-p.read:
+			continue
+		case <-deadline:
+		}
+		p.cmd.Process.Kill()
+		<-p.read
+		ps.errs.add(fmt.Sprintf("worker process #%d (pid %d)", p.id, p.cmd.Process.Pid), fmt.Errorf("killed: not stopped %v after it was asked to", grace))
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, p := range ps.list {
+		if !p.done {
+			ps.errs.add(fmt.Sprintf("worker process #%d", p.id), errors.New("sent no final record: its counts may be incomplete"))
+		}
+	}
+}
+
+// hybridStats returns the hybrid decisions of every process added up, and
+// false if the limiters are not hybrids.
+func (ps *processes) hybridStats() (bucket.HybridStats, bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.hybrid, ps.isHybrid
+}
+
+// workInstances is work with -instances n: this process starts the NATS
+// server (unless -nats), publishes the jobs and checks the records of n
+// worker processes that consume them with the Redis limiter.
+func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, rateOf func(string) throttle.Rate, defRate throttle.Rate, spec limiterSpec) (report, error) {
+	if cfg.RedisURL == "" {
+		return report{}, fmt.Errorf("-instances %d needs -redis URL: the worker processes share their limits through Redis", cfg.Instances)
+	}
+	if cfg.Trace != "" {
+		return report{}, errors.New("-trace is not supported with -instances: the spans are made in the worker processes")
+	}
+	var cl closers
+	defer cl.run()
+	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
+	if err != nil {
+		return report{}, err
+	}
+	prefix := "queuethrottle:example:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":nats:"
+	nc, natsName, err := connect(cfg.NATSURL, &cl)
+	if err != nil {
+		return report{}, err
+	}
+	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", &cl)
+	if err != nil {
+		return report{}, err
+	}
+	start := time.Now()
+	rec := newRecorder(start, len(jf.Jobs))
+	if err := watchMaxDeliveries(nc, rec, &cl); err != nil {
+		return report{}, err
+	}
+	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec)
+	if err != nil {
+		return report{}, err
+	}
+	stopProcesses := sync.OnceFunc(func() { ps.stop(15 * time.Second) })
+	cl.add(stopProcesses)
+
+	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s) for %d worker processes; %s, %s\n",
+		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(),
+		cfg.Instances, spec.describe(rc.Options().Addr), limitsText(jf, defRate))
+
+	tp := noop.NewTracerProvider()
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	pubDone := make(chan error, 1)
+	go func() {
+		pubDone <- publish(pctx, js, tp.Tracer(scopeName), propagation.TraceContext{}, jf.Jobs, start, rec, nil)
+	}()
+	stopReason, pubErr, pubReturned := wait(ctx, cfg, rec.complete, rec.progressLine, pubDone, ps.exited, out)
+	pcancel()
+	if !pubReturned {
+		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {
+			pubErr = err
+		}
+	}
+	stopProcesses()
+	info := ""
+	ictx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ci, err := cons.Info(ictx); err == nil {
+		info = fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending)
+	}
+	cl.run()
+
+	if stopReason != "" {
+		fmt.Fprintln(out, "stopped early:", stopReason)
+	}
+	if info != "" {
+		fmt.Fprintln(out, info)
+	}
+	ps.errs.print(out, "error")
+	rep := rec.summarize(jf.Jobs, rateOf, spec)
+	rep.Instances = cfg.Instances
+	if hs, ok := ps.hybridStats(); ok {
+		rep.Hybrid = &hs
+	}
+	rep.print(out)
+	if pubErr != nil {
+		return rep, fmt.Errorf("publish: %w", pubErr)
+	}
+	return rep, nil
+}
