@@ -39,11 +39,11 @@ var redistestGoroutines = []goleak.Option{
 	goleak.IgnoreAnyFunction("os/exec.(*Cmd).Start.func2"),
 }
 
-// newTestHybrid returns a Hybrid on c with a fresh prefix, closed at t's
-// cleanup.
+// newTestHybrid returns a Hybrid on c with a fresh prefix and
+// semanticsTimeout (opts may override both), closed at t's cleanup.
 func newTestHybrid(t testing.TB, c redis.Scripter, r throttle.Rate, burst int, opts ...Option) *Hybrid {
 	t.Helper()
-	h, err := NewHybrid(c, r, burst, append([]Option{WithPrefix(freshPrefix())}, opts...)...)
+	h, err := NewHybrid(c, r, burst, append([]Option{WithPrefix(freshPrefix()), WithTimeout(semanticsTimeout)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = h.Close(context.Background()) })
 	return h
@@ -289,7 +289,7 @@ func TestHybridSharedBurst(t *testing.T) {
 	prefix := freshPrefix()
 	hs := make([]*Hybrid, instances)
 	for i := range hs {
-		h, err := NewHybrid(srv.Client(t), r, 100, WithPrefix(prefix))
+		h, err := NewHybrid(srv.Client(t), r, 100, WithPrefix(prefix), WithTimeout(semanticsTimeout))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = h.Close(context.Background()) })
 		hs[i] = h
