@@ -49,7 +49,7 @@ func newParams(r throttle.Rate, burst int) (params, error) {
 	if burst < 1 {
 		return params{}, &throttle.OptionError{Field: "burst", Reason: fmt.Sprintf("must be >= 1, got %d", burst)}
 	}
-	perUS := max(int64((r.Per+time.Microsecond-1)/time.Microsecond), 1)
+	perUS := r.PerMicros()
 	if perUS > maxCredit/int64(burst) {
 		return params{}, &throttle.OptionError{Field: "burst", Reason: fmt.Sprintf(
 			"burst × Rate.Per must be at most 2^53 µs (about 285 years), got %d × %v", burst, r.Per)}

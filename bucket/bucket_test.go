@@ -1,8 +1,13 @@
 package bucket
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 func TestDiv(t *testing.T) {
@@ -32,5 +37,15 @@ func TestDiv(t *testing.T) {
 		q := r.Int64N(1<<53/b + 1)
 		a := min(q*b+r.Int64N(b)-r.Int64N(2), 1<<53)
 		check(max(a, 0), b)
+	}
+}
+
+func TestTypedNilClient(t *testing.T) {
+	var c *redis.Client
+	if _, err := NewRedis(c, throttle.PerSecond(1), 1); !errors.Is(err, throttle.ErrInvalidOption) {
+		t.Fatalf("NewRedis((*redis.Client)(nil)) error = %v, want ErrInvalidOption", err)
+	}
+	if _, err := NewHybrid(c, throttle.PerSecond(1), 1); !errors.Is(err, throttle.ErrInvalidOption) {
+		t.Fatalf("NewHybrid((*redis.Client)(nil)) error = %v, want ErrInvalidOption", err)
 	}
 }

@@ -31,7 +31,7 @@ func TestLocalConformanceSystemClock(t *testing.T) {
 func TestRedisConformance(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	throttletest.RunBucket(t, func(t *testing.T, r throttle.Rate, burst int, c throttle.Clock) throttle.Limiter {
-		l, err := NewRedis(client, r, burst, WithClock(c), WithPrefix(freshPrefix()), WithTimeout(semanticsTimeout))
+		l, err := NewRedis(client, r, burst, WithClock(c), WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestRedisConformance(t *testing.T) {
 func TestRedisConformanceServerTime(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	throttletest.RunBucketRealTime(t, func(t *testing.T, r throttle.Rate, burst int) throttle.Limiter {
-		l, err := NewRedis(client, r, burst, WithPrefix(freshPrefix()), WithTimeout(semanticsTimeout))
+		l, err := NewRedis(client, r, burst, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -63,8 +63,10 @@ const (
 	HybridBreakerToAttr   = attribute.Key("throttle.hybrid.breaker.to")
 )
 
-// ErrHybridClosed is wrapped by the error AllowN returns after Close.
-var ErrHybridClosed = errors.New("bucket: hybrid is closed")
+// ErrHybridClosed is wrapped by the error AllowN returns after Close. It
+// wraps throttle.ErrClosed, so a throttle.Gate rejects such requests
+// whatever its failure policy.
+var ErrHybridClosed = fmt.Errorf("bucket: hybrid is closed: %w", throttle.ErrClosed)
 
 // Tuning of the Hybrid. The lease horizon and the hold time bound how far
 // local admissions lag behind the Redis bucket's takes.

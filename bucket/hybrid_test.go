@@ -40,10 +40,10 @@ var redistestGoroutines = []goleak.Option{
 }
 
 // newTestHybrid returns a Hybrid on c with a fresh prefix and
-// semanticsTimeout (opts may override both), closed at t's cleanup.
+// redistest.CallTimeout (opts may override both), closed at t's cleanup.
 func newTestHybrid(t testing.TB, c redis.Scripter, r throttle.Rate, burst int, opts ...Option) *Hybrid {
 	t.Helper()
-	h, err := NewHybrid(c, r, burst, append([]Option{WithPrefix(freshPrefix()), WithTimeout(semanticsTimeout)}, opts...)...)
+	h, err := NewHybrid(c, r, burst, append([]Option{WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = h.Close(context.Background()) })
 	return h
@@ -289,7 +289,7 @@ func TestHybridSharedBurst(t *testing.T) {
 	prefix := freshPrefix()
 	hs := make([]*Hybrid, instances)
 	for i := range hs {
-		h, err := NewHybrid(srv.Client(t), r, 100, WithPrefix(prefix), WithTimeout(semanticsTimeout))
+		h, err := NewHybrid(srv.Client(t), r, 100, WithPrefix(prefix), WithTimeout(redistest.CallTimeout))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = h.Close(context.Background()) })
 		hs[i] = h
@@ -839,4 +839,23 @@ func TestHybridRequestErrorKeepsBreakerClosed(t *testing.T) {
 	assert.Equal(t, throttle.SourceRedis, d.Source)
 	assert.False(t, isRequestError(errors.New("LOADING")))
 	assert.False(t, isRequestError(context.DeadlineExceeded))
+}
+
+// TestHybridClosedBehindFailOpenGate: a Hybrid used after Close must not
+// turn a fail-open Gate into an open door.
+func TestHybridClosedBehindFailOpenGate(t *testing.T) {
+	c := redistest.Shared(t).Client(t)
+	h := newTestHybrid(t, c, throttle.PerMinute(1), 1)
+	g, err := throttle.NewGate(h, throttle.WithFailurePolicy(throttle.FailOpen))
+	require.NoError(t, err)
+	require.NoError(t, h.Close(context.Background()))
+	for range 10 {
+		d, err := g.Admit(context.Background(), "k", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+		require.Equal(t, throttle.SourceDegraded, d.Source)
+	}
+	_, err = h.Allow(context.Background(), "k")
+	require.ErrorIs(t, err, throttle.ErrClosed)
+	require.ErrorIs(t, err, ErrHybridClosed)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -80,7 +81,7 @@ const maxArgInt = 64
 // the field: a nil c, Rate.Count < 1, Rate.Per <= 0, burst < 1 (or burst ×
 // Per beyond 2^53 µs), a bad option.
 func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Redis, error) {
-	if c == nil {
+	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
 	}
 	p, err := newParams(r, burst)
@@ -200,7 +201,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
 		return nil
 	}
 	n = minInt(n, l.p.burst)
-	ctx, cancel := l.withTimeout(ctx)
+	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	keys := []string{rediskey.Key(l.prefix, key)}
 	var err error
@@ -235,7 +236,7 @@ var errReply = errors.New("bucket: redis: unexpected script reply")
 // take runs bucket.lua: it returns the tokens taken (0 or min..max) and
 // the credit left (or there, when nothing was taken).
 func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, error) {
-	ctx, cancel := l.withTimeout(ctx)
+	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	keys := []string{rediskey.Key(l.prefix, key)}
 	var cmd *redis.Cmd
@@ -267,15 +268,4 @@ func (l *Redis) arg(i int) any {
 		return l.argInt[i]
 	}
 	return strconv.Itoa(i)
-}
-
-func noCancel() {}
-
-// withTimeout bounds ctx by the WithTimeout deadline, unless ctx already
-// ends sooner.
-func (l *Redis) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= l.timeout {
-		return ctx, noCancel
-	}
-	return context.WithTimeout(ctx, l.timeout)
 }

@@ -19,17 +19,13 @@ import (
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 )
 
-// semanticsTimeout bounds Redis calls in tests of decisions rather than of
-// timeouts: generous, so a loaded machine under -race cannot fail them.
-const semanticsTimeout = 2 * time.Second
-
 // newTestRedis returns a Redis bucket on the shared server with a fresh
-// prefix and semanticsTimeout (opts may override both), and the client it
+// prefix and redistest.CallTimeout (opts may override both), and the client it
 // uses.
 func newTestRedis(t *testing.T, r throttle.Rate, burst int, opts ...Option) (*Redis, *redis.Client) {
 	t.Helper()
 	client := redistest.Shared(t).Client(t)
-	l, err := NewRedis(client, r, burst, append([]Option{WithPrefix(freshPrefix()), WithTimeout(semanticsTimeout)}, opts...)...)
+	l, err := NewRedis(client, r, burst, append([]Option{WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,13 @@ var (
 	// never admitted and must not be retried.
 	ErrInvalidKey = errors.New("throttle: invalid key")
 
+	// ErrClosed is wrapped by the error of a limiter used after Close. The
+	// Gate rejects such requests whatever its failure policy (a closed
+	// limiter is a shutdown in progress, not an outage to ride through),
+	// with its degraded retry-after, so the message comes back to another
+	// worker.
+	ErrClosed = errors.New("throttle: limiter closed")
+
 	// ErrLimited is matched (errors.Is) by every error that carries a
 	// rejection, such as *LimitedError.
 	ErrLimited = errors.New("throttle: limited")

@@ -121,11 +121,20 @@ func (g *Gate) Policy() FailurePolicy { return g.policy }
 // A rejection is a Decision with Allowed == false and a nil error. When the
 // limiter fails (store error or timeout), the failure policy decides and the
 // Decision has Source SourceDegraded; the error is then recorded on the span
-// and counted, and Admit still returns a nil error. Admit returns an error
-// only for a request that can never be admitted (see IsUsageError) or when
-// ctx is already done; the Decision is then a rejection with RetryAfter
-// Never, and the caller must not retry it.
+// and counted, and Admit still returns a nil error. A limiter closed while
+// in use (ErrClosed) gives a rejection with the degraded retry-after,
+// whatever the policy.
+//
+// Admit returns an error in three cases, each with a rejection: for a
+// request that can never be admitted (IsUsageError; RetryAfter is Never
+// and the caller must not retry it); when ctx ended before the limiter
+// decided (the context's error; RetryAfter is the degraded retry-after);
+// and for the zero Gate (ErrInvalidOption). The zero Gate is not usable:
+// call NewGate.
 func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
+	if g == nil || g.limiter == nil {
+		return Decision{RetryAfter: Never}, &OptionError{Field: "Gate", Reason: "not built by NewGate"}
+	}
 	var start time.Duration
 	if g.metered {
 		start = monotonic()
@@ -136,15 +145,25 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 	}
 	d, err := g.limiter.AllowN(ctx, key, n)
 	if err != nil {
-		if IsUsageError(err) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
-			span.RecordError(err)
+		span.RecordError(err)
+		switch {
+		case IsUsageError(err):
 			span.SetStatus(codes.Error, err.Error())
 			span.End()
-			return Decision{Limit: g.limit, RetryAfter: Never, Source: SourceUnknown}, err
+			return Decision{Limit: g.limit, RetryAfter: Never}, err
+		case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+			// The caller gave up: no decision, but nothing wrong with
+			// the request either.
+			span.SetStatus(codes.Error, err.Error())
+			span.End()
+			return Decision{Limit: g.limit, RetryAfter: g.degradedRetry}, err
+		case errors.Is(err, ErrClosed):
+			d = g.rejectDegraded()
+			span.SetStatus(codes.Error, "limiter closed; rejected")
+		default:
+			d = g.degraded()
+			span.SetStatus(codes.Error, "limiter failed; "+g.policy.String()+" decided")
 		}
-		d = g.degraded()
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "limiter failed; "+g.policy.String()+" decided")
 		if g.metered {
 			g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
 		}
@@ -191,9 +210,14 @@ var epoch = time.Now()
 // as well): the latency histogram needs no more, and it is half the cost.
 func monotonic() time.Duration { return time.Since(epoch) }
 
+// degraded is the failure policy's decision.
 func (g *Gate) degraded() Decision {
 	if g.policy == FailOpen {
 		return Decision{Allowed: true, Limit: g.limit, Source: SourceDegraded}
 	}
+	return g.rejectDegraded()
+}
+
+func (g *Gate) rejectDegraded() Decision {
 	return Decision{Limit: g.limit, RetryAfter: g.degradedRetry, ResetAfter: g.degradedRetry, Source: SourceDegraded}
 }

@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -273,4 +274,42 @@ func TestGateWithNoopProviders(t *testing.T) {
 	require.Len(t, spans, 1)
 	require.Equal(t, codes.Unset, spans[0].Status().Code, "the caller's span must not get the Gate's error")
 	require.Empty(t, spans[0].Events())
+}
+
+func TestGateClosedLimiterRejectsWhateverThePolicy(t *testing.T) {
+	closed := throttle.LimiterFunc(func(context.Context, string, int) (throttle.Decision, error) {
+		return throttle.Decision{}, fmt.Errorf("some limiter: %w", throttle.ErrClosed)
+	})
+	for _, p := range []throttle.FailurePolicy{throttle.FailClosed, throttle.FailOpen} {
+		g, err := throttle.NewGate(closed, throttle.WithFailurePolicy(p), throttle.WithDegradedRetryAfter(300*time.Millisecond))
+		require.NoError(t, err)
+		d, err := g.Admit(context.Background(), "k", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "%v must not admit through a closed limiter", p)
+		require.Equal(t, 300*time.Millisecond, d.RetryAfter)
+		require.Equal(t, throttle.SourceDegraded, d.Source)
+	}
+}
+
+func TestGateCallerContextDone(t *testing.T) {
+	waits := throttle.LimiterFunc(func(ctx context.Context, _ string, _ int) (throttle.Decision, error) {
+		<-ctx.Done()
+		return throttle.Decision{}, fmt.Errorf("store: %w", ctx.Err())
+	})
+	g, err := throttle.NewGate(waits, throttle.WithFailurePolicy(throttle.FailOpen))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	d, err := g.Admit(ctx, "k", 1)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.False(t, d.Allowed, "no decision is not an admission, even fail-open")
+	require.Equal(t, time.Second, d.RetryAfter, "the caller may retry later")
+	require.False(t, throttle.IsUsageError(err))
+}
+
+func TestZeroGate(t *testing.T) {
+	var g throttle.Gate
+	d, err := g.Admit(context.Background(), "k", 1)
+	require.ErrorIs(t, err, throttle.ErrInvalidOption)
+	require.False(t, d.Allowed)
 }

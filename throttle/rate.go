@@ -41,6 +41,16 @@ func (r Rate) Validate() error {
 	return nil
 }
 
+// PerMicros returns Per in whole microseconds, rounded up and at least 1:
+// the time unit of the limiters in this module.
+func (r Rate) PerMicros() int64 {
+	us := int64(r.Per / time.Microsecond)
+	if r.Per%time.Microsecond != 0 {
+		us++
+	}
+	return max(us, 1)
+}
+
 // ParseRate parses "COUNT/PERIOD", where PERIOD is a Go duration ("1m",
 // "250ms") or a bare unit meaning one of it ("s", "m", "h"): "100/s",
 // "100/1m", "5/250ms". The result is validated; errors wrap

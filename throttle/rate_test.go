@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -88,4 +89,19 @@ func TestSourceString(t *testing.T) {
 	require.Equal(t, "redis", throttle.SourceRedis.String())
 	require.Equal(t, "degraded", throttle.SourceDegraded.String())
 	require.Equal(t, "unknown", throttle.Source(0).String())
+}
+
+func TestRatePerMicros(t *testing.T) {
+	for _, tt := range []struct {
+		per  time.Duration
+		want int64
+	}{
+		{1, 1},
+		{time.Microsecond, 1},
+		{time.Microsecond + 1, 2},
+		{time.Second, 1_000_000},
+		{math.MaxInt64, math.MaxInt64/1000 + 1}, // no overflow to a tiny window
+	} {
+		require.Equal(t, tt.want, throttle.Rate{Count: 1, Per: tt.per}.PerMicros(), "Per %d", tt.per)
+	}
 }

@@ -40,7 +40,7 @@ func BenchmarkRedisPing(b *testing.B) {
 func BenchmarkRedisWindow(b *testing.B) {
 	client := redistest.Shared(b).Client(b)
 	ctx := context.Background()
-	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()))
+	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,7 +12,7 @@ func TestRedisConformance(t *testing.T) {
 	srv := redistest.Shared(t)
 	client := srv.Client(t)
 	throttletest.RunWindow(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle.Limiter {
-		l, err := NewRedis(client, r, WithClock(c), WithPrefix(freshPrefix()))
+		l, err := NewRedis(client, r, WithClock(c), WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -24,7 +24,7 @@ func TestRedisConformanceServerTime(t *testing.T) {
 	srv := redistest.Shared(t)
 	client := srv.Client(t)
 	throttletest.RunWindowRealTime(t, func(t *testing.T, r throttle.Rate) throttle.Limiter {
-		l, err := NewRedis(client, r, WithPrefix(freshPrefix()))
+		l, err := NewRedis(client, r, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -56,14 +56,14 @@ type admission struct {
 // WithPrefix is accepted and ignored. Errors wrap throttle.ErrInvalidOption
 // and name the field.
 func NewMemory(r throttle.Rate, opts ...Option) (*Memory, error) {
-	if err := r.Validate(); err != nil {
+	if err := checkRate(r); err != nil {
 		return nil, err
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	m := &Memory{rate: r, window: perMicros(r.Per), clock: cfg.clock, seed: maphash.MakeSeed()}
+	m := &Memory{rate: r, window: r.PerMicros(), clock: cfg.clock, seed: maphash.MakeSeed()}
 	if m.clock == nil {
 		m.clock = throttle.SystemClock
 	}
@@ -71,12 +71,6 @@ func NewMemory(r throttle.Rate, opts ...Option) (*Memory, error) {
 		m.shards[i].logs = make(map[string]*admissionLog)
 	}
 	return m, nil
-}
-
-// perMicros is the window in whole microseconds, rounded up and at least 1.
-func perMicros(d time.Duration) int64 {
-	us := int64((d + time.Microsecond - 1) / time.Microsecond)
-	return max(us, 1)
 }
 
 // Rate returns the limit the window enforces.

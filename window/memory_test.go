@@ -3,6 +3,7 @@ package window_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -89,4 +90,20 @@ func ExampleMemory() {
 	// t=500ms allowed=false retry-after=500ms reset-after=700ms
 	// t=999ms allowed=false retry-after=1ms reset-after=201ms
 	// t=1s allowed=true retry-after=0s reset-after=1s
+}
+
+func TestWindowTooLong(t *testing.T) {
+	for _, per := range []time.Duration{math.MaxInt64, 143 * 365 * 24 * time.Hour} {
+		_, err := window.NewMemory(throttle.Rate{Count: 1, Per: per})
+		var oe *throttle.OptionError
+		require.ErrorAs(t, err, &oe)
+		require.Equal(t, "Rate.Per", oe.Field)
+	}
+	m, err := window.NewMemory(throttle.Rate{Count: 1, Per: 100 * 365 * 24 * time.Hour})
+	require.NoError(t, err)
+	for i, want := range []bool{true, false} {
+		d, err := m.Allow(context.Background(), "k")
+		require.NoError(t, err)
+		require.Equal(t, want, d.Allowed, "call %d", i)
+	}
 }

@@ -1,6 +1,9 @@
 package window
 
 import (
+	"fmt"
+	"time"
+
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -16,12 +19,31 @@ type config struct {
 	clock    throttle.Clock // nil: Redis uses its TIME; Memory uses throttle.SystemClock
 	prefix   string
 	clockSet bool
+	timeout  time.Duration // per Redis call
 }
 
-const defaultPrefix = "throttle:window:"
+const (
+	defaultPrefix  = "throttle:window:"
+	defaultTimeout = 50 * time.Millisecond
+)
+
+// maxPerMicros bounds the window so that admission times plus the window
+// stay exact in a Lua number (a float64): 2^52 µs, about 142 years.
+const maxPerMicros = 1 << 52
+
+// checkRate validates r for a window.
+func checkRate(r throttle.Rate) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if r.PerMicros() > maxPerMicros {
+		return &throttle.OptionError{Field: "Rate.Per", Reason: fmt.Sprintf("%v is longer than the 2^52 µs (about 142 years) a window can be", r.Per)}
+	}
+	return nil
+}
 
 func newConfig(opts []Option) (config, error) {
-	c := config{prefix: defaultPrefix}
+	c := config{prefix: defaultPrefix, timeout: defaultTimeout}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -56,6 +78,23 @@ func WithPrefix(p string) Option {
 			return &throttle.OptionError{Field: "WithPrefix", Reason: "must not contain '{' or '}' (they would break the Redis Cluster hash tag)"}
 		}
 		cfg.prefix = p
+		return nil
+	})
+}
+
+// WithTimeout bounds every Redis call, default 50 ms; it must be > 0. It is
+// applied as a context deadline (unless the caller's context already ends
+// sooner), which go-redis honours only on a client created with
+// ContextTimeoutEnabled: true; without it a hung Redis holds a decision for
+// the client's ReadTimeout (default 5 s, and go-redis may retry). A
+// decision that times out is an error, and the throttle.Gate's failure
+// policy decides. Memory ignores it.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(cfg *config) error {
+		if d <= 0 {
+			return &throttle.OptionError{Field: "WithTimeout", Reason: fmt.Sprintf("must be > 0, got %v", d)}
+		}
+		cfg.timeout = d
 		return nil
 	})
 }

@@ -7,13 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"reflect"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -48,6 +48,7 @@ type Redis struct {
 	rate     throttle.Rate
 	prefix   string
 	clock    throttle.Clock // nil: Redis TIME
+	timeout  time.Duration  // per call
 	argWin   any            // precomputed ARGV strings, boxed once
 	argLimit any
 	argTTL   any
@@ -58,27 +59,29 @@ type Redis struct {
 // each key, stored in c (a *redis.Client, *redis.ClusterClient or
 // *redis.Ring). The window is r.Per rounded up to a whole microsecond.
 //
-// Options: WithClock (default: the Redis server's TIME) and WithPrefix
-// (default "throttle:window:"). Errors wrap throttle.ErrInvalidOption and
+// Options: WithClock (default: the Redis server's TIME), WithPrefix
+// (default "throttle:window:") and WithTimeout (default 50 ms; create c
+// with ContextTimeoutEnabled: true so go-redis honours it). Errors wrap throttle.ErrInvalidOption and
 // name the field at fault: a nil c, an invalid r, a bad option.
 func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error) {
-	if c == nil || isNilPointer(c) {
+	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
 	}
-	if err := r.Validate(); err != nil {
+	if err := checkRate(r); err != nil {
 		return nil, err
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	window := perMicros(r.Per)
+	window := r.PerMicros()
 	ttl := (window + 999) / 1000
 	l := &Redis{
 		client:   c,
 		rate:     r,
 		prefix:   cfg.prefix,
 		clock:    cfg.clock,
+		timeout:  cfg.timeout,
 		argWin:   strconv.FormatInt(window, 10),
 		argLimit: strconv.Itoa(r.Count),
 		argTTL:   strconv.FormatInt(ttl, 10),
@@ -87,12 +90,6 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		return nil, fmt.Errorf("window: member id: %w", err)
 	}
 	return l, nil
-}
-
-// isNilPointer reports whether c is a typed nil such as (*redis.Client)(nil).
-func isNilPointer(c redis.Scripter) bool {
-	v := reflect.ValueOf(c)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // Rate returns the limit the window enforces.
@@ -108,6 +105,12 @@ func (l *Redis) Allow(ctx context.Context, key string) (throttle.Decision, error
 
 var argOne any = "1"
 
+// MaxCost is the largest n one AllowN call of a Redis window accepts. The
+// log keeps one sorted-set member per admitted unit, so a call of cost n
+// costs the Redis server O(n) time and memory while every other client
+// waits; for weights such as bytes, use a token bucket (package bucket).
+const MaxCost = 10_000
+
 // AllowN admits n units for key if the last Per holds at most Count-n
 // admitted units, and records them at the current instant (the Redis
 // server's TIME, or the WithClock clock); otherwise it rejects, writing
@@ -118,14 +121,20 @@ var argOne any = "1"
 // Every key is usable, including "" and binary or very long keys; see the
 // package documentation for how keys map to Redis keys.
 //
-// Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > Count,
-// returned before any Redis call; otherwise a Redis or context error,
-// wrapped as "window: redis: ...", meaning the limiter could not decide.
+// Errors: one wrapping throttle.ErrInvalidCost for n < 1, n > Count or
+// n > MaxCost, returned before any Redis call; otherwise a Redis or context
+// error (including the WithTimeout deadline, default 50 ms), wrapped as
+// "window: redis: ...", meaning the limiter could not decide.
 // The Decision's Source is throttle.SourceRedis.
 func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	if err := throttle.CheckCost(n, l.rate.Count); err != nil {
 		return throttle.Decision{}, err
 	}
+	if n > MaxCost {
+		return throttle.Decision{}, fmt.Errorf("%w: n=%d exceeds the Redis window's MaxCost %d (one sorted-set member per unit)", throttle.ErrInvalidCost, n, MaxCost)
+	}
+	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	defer cancel()
 	argN := argOne
 	if n != 1 {
 		argN = strconv.Itoa(n)

@@ -18,7 +18,7 @@ import (
 
 func newTestRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Option) *Redis {
 	t.Helper()
-	l, err := NewRedis(c, r, append([]Option{WithPrefix(freshPrefix())}, opts...)...)
+	l, err := NewRedis(c, r, append([]Option{WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,11 +67,11 @@ func TestNewRedisBadInput(t *testing.T) {
 func TestRedisBadCostNoCall(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
-	l, err := NewRedis(client, throttle.PerSecond(2))
+	l, err := NewRedis(client, throttle.Rate{Count: MaxCost + 1, Per: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []int{0, -3, 3} {
+	for _, n := range []int{0, -3, MaxCost + 1, MaxCost + 2} {
 		if _, err := l.AllowN(context.Background(), "k", n); !errors.Is(err, throttle.ErrInvalidCost) {
 			t.Fatalf("AllowN(n=%d) = %v, want ErrInvalidCost", n, err)
 		}
@@ -300,7 +300,7 @@ func TestRedisConcurrent(t *testing.T) {
 		stopAt = time.Now().Add(3 * time.Second)
 	)
 	for c := 0; c < 2; c++ {
-		l, err := NewRedis(srv.Client(t), r, WithPrefix(prefix))
+		l, err := NewRedis(srv.Client(t), r, WithPrefix(prefix), WithTimeout(redistest.CallTimeout))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -349,6 +349,34 @@ func TestRedisConcurrent(t *testing.T) {
 // TestRedisStoreFailure checks that a stopped or hung Redis is an error
 // (bounded by ctx) and that the limiter recovers after a restart, whose
 // empty script cache it reloads.
+// TestRedisTimeout pauses a private server: with the default WithTimeout of
+// 50 ms (and a client with ContextTimeoutEnabled) a decision gives up in
+// about that time, not the client's 5 s ReadTimeout.
+func TestRedisTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	l, err := NewRedis(srv.Client(t), throttle.PerSecond(10), WithPrefix(freshPrefix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(context.Background(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	start := time.Now()
+	_, err = l.Allow(context.Background(), "k")
+	took := time.Since(start)
+	if err == nil || throttle.IsUsageError(err) {
+		t.Fatalf("Allow against a paused Redis = %v, want a timeout error", err)
+	}
+	// 50 ms plus generous room for a loaded machine, far below 5 s.
+	if took > time.Second {
+		t.Fatalf("Allow against a paused Redis took %v with a 50ms timeout", took)
+	}
+}
+
 func TestRedisStoreFailure(t *testing.T) {
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})

@@ -37,8 +37,8 @@ type family struct {
 }
 
 var families = []family{
-	{name: "window", limit: limit, newLimiter: func(t *testing.T, c redis.Scripter, prefix string, _ time.Duration, _ ...bucket.Option) throttle.Limiter {
-		l, err := window.NewRedis(c, throttle.Rate{Count: limit, Per: time.Minute}, window.WithPrefix(prefix))
+	{name: "window", limit: limit, newLimiter: func(t *testing.T, c redis.Scripter, prefix string, timeout time.Duration, _ ...bucket.Option) throttle.Limiter {
+		l, err := window.NewRedis(c, throttle.Rate{Count: limit, Per: time.Minute}, window.WithPrefix(prefix), window.WithTimeout(timeout))
 		if err != nil {
 			t.Fatal(err)
 		}

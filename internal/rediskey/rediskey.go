@@ -19,6 +19,7 @@ package rediskey
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"reflect"
 	"strings"
 )
 
@@ -106,4 +107,14 @@ func Slot(key string) int {
 		}
 	}
 	return int(crc) % Slots
+}
+
+// NilClient reports whether c is nil or a typed nil such as
+// (*redis.Client)(nil), which would satisfy a nil check and panic on use.
+func NilClient(c any) bool {
+	if c == nil {
+		return true
+	}
+	v := reflect.ValueOf(c)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }

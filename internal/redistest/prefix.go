@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"strconv"
 	"sync/atomic"
+	"time"
 )
 
 var (
@@ -23,3 +24,8 @@ func newRunID() string {
 func Prefix(name string) string {
 	return "test:" + name + ":" + runID + ":" + strconv.FormatInt(prefixSeq.Add(1), 10) + ":"
 }
+
+// CallTimeout is the per-call Redis timeout for limiters in tests of
+// decisions rather than of timeouts: generous, so that a loaded 2-core
+// machine under the race detector cannot turn a slow reply into a failure.
+const CallTimeout = 2 * time.Second
