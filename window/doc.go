@@ -52,6 +52,16 @@
 // a Redis key (except for a SHA-256 collision between two long keys). Any
 // string is a valid key, including binary ones.
 //
+// # Timeouts and cost
+//
+// Every Redis call is bounded by [WithTimeout] (default 50 ms) as a context
+// deadline, which go-redis honours only on clients created with
+// ContextTimeoutEnabled: true. A call that times out is an error, and the
+// throttle.Gate's failure policy decides. One call may charge at most
+// [MaxCost] units: the log stores one member per unit, so a large n would
+// hold the Redis server for O(n). For weights such as bytes, use a token
+// bucket.
+//
 // # Redis Cluster
 //
 // [NewRedis] takes a redis.Scripter, which *redis.Client,
