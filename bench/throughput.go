@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// benchParallelism is the goroutines per GOMAXPROCS of every parallel case
+// (as in the library's Redis benchmarks): enough concurrent calls to keep
+// redis-server busy.
+const benchParallelism = 8
+
+// manyKeys is the key count of the "10k keys" cases.
+const manyKeys = 10_000
+
+type benchCase struct {
+	name     string
+	parallel bool
+	keys     []string
+}
+
+func benchCases() []benchCase {
+	many := make([]string, manyKeys)
+	for i := range many {
+		many[i] = "user-" + strconv.Itoa(i)
+	}
+	one := []string{"one"}
+	return []benchCase{
+		{"sequential, one key", false, one},
+		{"sequential, 10k keys", false, many},
+		{"parallel, one key", true, one},
+		{"parallel, 10k keys", true, many},
+	}
+}
+
+// sample is one measurement of one contender in one case and round.
+type sample struct {
+	nsOp, bytesOp, allocsOp float64
+	n                       int
+	calls, denied, errs     int64
+	redisShare              float64 // share of decisions that needed a Redis call; -1: not known
+}
+
+// measure runs one contender in one case with testing.Benchmark on a fresh
+// limiter over an emptied Redis, after a warm-up that touches every key.
+func measure(c *redis.Client, k contender, bc benchCase) (sample, error) {
+	ctx := context.Background()
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		return sample{}, err
+	}
+	inst, err := k.make(c, throughputLimits)
+	if err != nil {
+		return sample{}, fmt.Errorf("%s: %w", k.name, err)
+	}
+	defer inst.release()
+	allow := inst.allow
+	warm(allow, bc.keys)
+	var redis0, all0 int64
+	if inst.redisCalls != nil {
+		redis0, all0 = inst.redisCalls()
+	}
+
+	var calls, denied, errs atomic.Int64
+	var firstErr atomic.Value
+	call := func(key string) {
+		ok, err := allow(ctx, key)
+		switch {
+		case err != nil:
+			if errs.Add(1) == 1 {
+				firstErr.Store(err.Error())
+			}
+		case !ok:
+			denied.Add(1)
+		}
+	}
+	keys := bc.keys
+	res := testing.Benchmark(func(b *testing.B) {
+		b.ReportAllocs()
+		if !bc.parallel {
+			i := 0
+			for b.Loop() {
+				call(keys[i%len(keys)])
+				i++
+			}
+			calls.Add(int64(b.N))
+			return
+		}
+		var g atomic.Int64
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(g.Add(1)) * 97
+			n := int64(0)
+			for pb.Next() {
+				call(keys[i%len(keys)])
+				i++
+				n++
+			}
+			calls.Add(n)
+		})
+	})
+	if e, ok := firstErr.Load().(string); ok {
+		fmt.Fprintf(os.Stderr, "  %s / %s: %d errors, first: %s\n", k.name, bc.name, errs.Load(), e)
+	}
+	if res.N == 0 {
+		return sample{}, fmt.Errorf("%s / %s: benchmark failed", k.name, bc.name)
+	}
+	var redisShare float64 = -1
+	if inst.redisCalls != nil {
+		redis1, all1 := inst.redisCalls()
+		if all1 > all0 {
+			redisShare = float64(redis1-redis0) / float64(all1-all0)
+		}
+	}
+	return sample{
+		redisShare: redisShare,
+		nsOp:       float64(res.T.Nanoseconds()) / float64(res.N),
+		bytesOp:    float64(res.AllocedBytesPerOp()),
+		allocsOp:   float64(res.AllocsPerOp()),
+		n:          res.N,
+		calls:      calls.Load(),
+		denied:     denied.Load(),
+		errs:       errs.Load(),
+	}, nil
+}
+
+// warm calls allow on every key (1,000 times on a single key) from 16
+// goroutines, so that each measurement starts from existing state.
+func warm(allow allowFunc, keys []string) {
+	n := len(keys)
+	if n == 1 {
+		n = 1000
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				_, _ = allow(context.Background(), keys[i%len(keys)])
+			}
+		})
+	}
+	wg.Wait()
+}
