@@ -33,11 +33,12 @@
 // Each key is one sorted set whose members are the admitted units (unique
 // identities: a random 64-bit id per limiter plus a counter) scored by the
 // admission instant in microseconds. One Lua script per decision
-// (window.lua, run with EVALSHA and reloaded on NOSCRIPT) counts the
-// members with score > now - Per and, only if count + n <= Count, drops the
-// older ones, adds n members and sets the key to expire after Per;
-// otherwise it returns the retry-after and writes nothing. The instant is the Redis server's
-// TIME, so every worker shares one clock, unless [WithClock] is given: then
+// (window.lua, run with EVALSHA and reloaded on NOSCRIPT) drops the
+// members with score <= now - Per, counts the rest and, only if
+// count + n <= Count, adds n members and sets the key to expire after Per;
+// otherwise it returns the retry-after and adds nothing (a rejection
+// leaves no member and does not renew the expiry). The instant is the
+// Redis server's TIME, so every worker shares one clock, unless [WithClock] is given: then
 // the client's time is sent and clamped to the newest member of the key, so
 // stored time never moves backwards.
 //

@@ -26,10 +26,10 @@ var windowScript = redis.NewScript(windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in
-// microseconds. One Lua script per decision counts the members still in the
-// window and, only if count + n <= Count, drops the members that left it,
-// adds n members at the current instant and sets the key to expire after
-// Per. A rejection writes nothing.
+// microseconds. One Lua script per decision drops the members that left
+// the window, counts the rest and, only if count + n <= Count, adds n
+// members at the current instant and sets the key to expire after Per. A
+// rejection adds nothing and does not renew the expiry.
 //
 // By default the instant is the Redis server's TIME, so every process
 // sharing the Redis shares one clock. With WithClock the client sends its

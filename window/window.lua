@@ -14,9 +14,8 @@
 --          Absent: now is the server's TIME.
 --
 -- An admission at t counts during [t, t+window): members with score
--- > now - window are counted. Only an admission writes: it drops the
--- members with score <= now - window, adds its n members and renews the
--- expiry. A rejection writes nothing.
+-- <= now - window are dropped first, the rest counted. Only an admission
+-- adds members and renews the expiry; a rejection adds nothing.
 --
 -- Returns {allowed (0|1), remaining, retry_after_us, reset_after_us}:
 -- remaining = limit - counted units after the decision; retry_after_us =
@@ -42,14 +41,12 @@ else
 	now = t[1] * 1000000 + t[2]
 end
 
--- Scores > oldest are counted. The bound is formatted by hand: Lua's own
--- number-to-string conversion keeps only 14 digits.
+-- Drop what has left the window (scores <= now - window), then count.
 local oldest = now - window
-local after = string.format("(%.0f", oldest)
-local count = redis.call("ZCOUNT", key, after, "+inf")
+redis.call("ZREMRANGEBYSCORE", key, "-inf", oldest)
+local count = redis.call("ZCARD", key)
 
 if count + n <= limit then
-	redis.call("ZREMRANGEBYSCORE", key, "-inf", oldest)
 	if n == 1 then
 		redis.call("ZADD", key, now, ARGV[5])
 	else
@@ -75,6 +72,6 @@ if count + n <= limit then
 end
 
 local k = count + n - limit
-local kth = redis.call("ZRANGE", key, after, "+inf", "BYSCORE", "LIMIT", k - 1, 1, "WITHSCORES")[2]
+local kth = redis.call("ZRANGE", key, k - 1, k - 1, "WITHSCORES")[2]
 local newest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
 return {0, limit - count, tonumber(kth) + window - now, tonumber(newest) + window - now}
