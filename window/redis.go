@@ -113,7 +113,7 @@ const MaxCost = 10_000
 
 // AllowN admits n units for key if the last Per holds at most Count-n
 // admitted units, and records them at the current instant (the Redis
-// server's TIME, or the WithClock clock); otherwise it rejects, writing
+// server's TIME, or the WithClock clock); otherwise it rejects, adding
 // nothing, with a RetryAfter of the time until enough of the oldest
 // admissions leave the window, rounded up to the millisecond. An admission
 // at t counts during [t, t+Per).
