@@ -60,14 +60,25 @@ type Local struct {
 // localShard is a part of the keys. Its lock guards the LRU; each key's
 // bucket has a lock of its own, taken after the shard's (never before).
 type localShard struct {
-	mu  sync.Mutex
-	lru *simplelru.LRU[string, *localState]
+	// index finds a key's bucket without a lock; lru, under mu, orders the
+	// keys for forgetting and bounds their number. A key is in both or in
+	// neither: lru's eviction callback deletes it from index.
+	index sync.Map // string -> *localState
+	mu    sync.Mutex
+	lru   *simplelru.LRU[string, *localState]
 	// last is the most recently looked-up key's bucket, which is also the
 	// front of lru: deciding again for it needs neither the shard lock nor
 	// an LRU update, so a hot key costs one lock, on its own bucket.
 	last atomic.Pointer[localState]
 	_    [40]byte // keep shards' locks on separate cache lines
 }
+
+// promoteEvery is how stale a key's place in the LRU order may get: a key
+// looked up again within it is only read from the index, without a lock,
+// not moved to the front, which would write the list under the lock.
+// The order only decides which keys are forgotten first, so it may be this
+// approximate.
+const promoteEvery = 100_000 // µs
 
 // localState is one key's bucket: credit (see params) at ts, µs since the
 // Unix epoch.
@@ -76,8 +87,9 @@ type localState struct {
 	dead   bool // forgotten by the LRU: look the key up again
 	credit int64
 	ts     int64
-	key    string   // immutable
-	_      [16]byte // 64 bytes: one cache line, not shared with another key
+	key    string       // immutable
+	moved  atomic.Int64 // µs: when it was last moved to the LRU's front
+	_      [8]byte      // 64 bytes: one cache line, not shared with another key
 }
 
 // NewLocal returns an in-process token bucket per key, refilling r.Count
@@ -110,11 +122,12 @@ func NewLocal(r throttle.Rate, burst int, opts ...Option) (*Local, error) {
 	l.shards = make([]localShard, n)
 	size := cfg.maxKeys / n // n shards hold at most maxKeys together
 	for i := range l.shards {
-		c, err := simplelru.NewLRU[string, *localState](size, evicted)
+		s := &l.shards[i]
+		c, err := simplelru.NewLRU(size, s.evicted)
 		if err != nil {
 			return nil, fmt.Errorf("bucket: local: %w", err)
 		}
-		l.shards[i].lru = c
+		s.lru = c
 	}
 	return l, nil
 }
@@ -200,11 +213,18 @@ func (l *Local) shardOf(key string) uint64 {
 // lookup returns key's bucket, adding a full one if there is none, and
 // makes it the shard's last.
 func (s *localShard) lookup(key string, now int64, p *params) *localState {
+	if v, ok := s.index.Load(key); ok {
+		if st := v.(*localState); now-st.moved.Load() < promoteEvery {
+			return st // leaving last alone: no write to the shard's cache line
+		}
+	}
 	s.mu.Lock()
 	st, ok := s.lru.Get(key)
 	if !ok {
 		st = s.add(key, now, p)
+		s.index.Store(st.key, st)
 	}
+	st.moved.Store(now)
 	if s.last.Load() != st {
 		s.last.Store(st)
 	}
@@ -239,7 +259,8 @@ func (s *localShard) add(key string, now int64, p *params) *localState {
 
 // evicted marks a bucket the LRU dropped, so that a decision holding it
 // looks the key up again.
-func evicted(_ string, st *localState) {
+func (s *localShard) evicted(key string, st *localState) {
+	s.index.Delete(key)
 	st.mu.Lock()
 	st.dead = true
 	st.mu.Unlock()
