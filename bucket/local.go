@@ -33,7 +33,9 @@ const idleChecks = 2
 // the same decisions at the same instants.
 //
 // Per-key state lives in bounded LRU caches (hashicorp/golang-lru's
-// simplelru, one per shard). A key that has been idle long enough to be
+// simplelru, one per shard), with a lock-free index beside them so that a
+// known key is found without the shard's lock; a key's place in the LRU
+// order is refreshed at most every 100 ms. A key that has been idle long enough to be
 // full again is forgotten at no cost: state for it would read full anyway.
 // Idle keys are forgotten lazily, when new keys arrive, and a Local holds
 // at most DefaultMaxKeys keys, so memory stays bounded however many
