@@ -28,8 +28,8 @@ const (
 const (
 	// DispositionHandled: admitted and passed to the wrapped handler.
 	DispositionHandled = "handled"
-	// DispositionNak: rejected and NAKed with the retry-after delay (or
-	// NAKed because of a configuration error).
+	// DispositionNak: rejected, or not decided within the decision
+	// timeout, and NAKed with the retry-after delay.
 	DispositionNak = "nak"
 	// DispositionTerm: never admissible (key or cost error, usage error),
 	// terminated.
@@ -37,4 +37,7 @@ const (
 	// DispositionAbandoned: rejected on its last delivery and not held,
 	// because the Handler was closing; left unacknowledged.
 	DispositionAbandoned = "abandoned"
+	// DispositionStalled: seen by a handler built from a bad configuration
+	// and held unhandled with InProgress (see NewHandler).
+	DispositionStalled = "stalled"
 )

@@ -7,7 +7,7 @@
 //
 //	lim, _ := window.NewMemory(throttle.PerSecond(20))
 //	gate, _ := throttle.NewGate(lim)
-//	h, err := natsthrottle.New(handle, gate, natsthrottle.WithConsumerConfig(consumerConfig))
+//	h, err := natsthrottle.New(handle, gate, natsthrottle.WithConsumer(consumer))
 //	cc, _ := consumer.Consume(h.Handle)
 //	...
 //	cc.Drain()
@@ -32,14 +32,19 @@
 // wrapped handler can get the span's context with ContextFromMsg.
 //
 // The key (default: the subject; WithKeyFunc) and cost (default 1;
-// WithCostFunc) of the message go to Gate.Admit. Then:
+// WithCostFunc) of the message go to Gate.Admit, under a context deadline:
+// the decision timeout (see below). Then:
 //
 //   - Admitted: the wrapped handler runs and owns the acknowledgement.
 //   - Rejected: the message is NAKed with the decision's RetryAfter plus a
 //     jitter (WithJitter; default up to 10% of RetryAfter, at most 100 ms),
 //     and the wrapped handler does not run. A rejection is not an error:
 //     the span status stays unset.
-//   - Rejected on its last delivery: held, see below.
+//   - Not decided within the decision timeout (the Gate returns the
+//     context's error, context.DeadlineExceeded): NAKed like a rejection,
+//     with the Gate's degraded retry-after (throttle.WithDegradedRetryAfter)
+//     plus jitter, and the error is reported (see below).
+//   - Rejected, or not decided, on its last delivery: held, see below.
 //   - Never admissible: a key or cost function error, or a request the
 //     Gate refuses as a usage error (throttle.IsUsageError: a cost above the
 //     limit, a key the limiter cannot use). Retrying cannot help, so the
@@ -49,12 +54,31 @@
 //     handler. Note that Term counts as an acknowledgement: on a WorkQueue
 //     or Interest stream the message may be removed.
 //
-// Errors (a failed Nak, InProgress or Term, the errors above, ErrClosed)
-// go to the error handler (WithErrorHandler; default none), to the logger
-// (WithLogger; default none) and to the span (RecordError, status Error).
+// Errors (a failed Nak, InProgress or Term, the errors above, a decision
+// timeout, ErrClosed) go to the error handler (WithErrorHandler; default
+// none), to the logger (WithLogger; default none) and to the span
+// (RecordError, status Error).
 //
 // A message whose Metadata fails (not a JetStream message) is still
 // decided; its delivery count is unknown, so it is never held.
+//
+// # Decision timeout
+//
+// The Consume callback decides one message at a time, and the messages the
+// client has buffered wait behind it while their AckWait runs: a limiter
+// that hangs (a store that does not answer) would otherwise hold them all
+// past AckWait, and the server would redeliver them while the stale copies
+// are still waiting, so that a message could be handled twice. So every
+// Gate.Admit, in the Consume callback and for held messages, gets a
+// deadline: by default a quarter of the shortest of AckWait and the
+// BackOff entries, at most MaxDecisionTimeout (5 s, which is the default
+// for the default AckWait of 30 s); WithDecisionTimeout sets it. When it passes the
+// message is NAKed (or held, on its last delivery) as above. The limiter
+// must honour its context (the limiters of this module do). While the
+// limiter hangs, a message buffered behind k others waits up to k decision
+// timeouts before its own decision starts: with a short AckWait, keep
+// jetstream.PullMaxMessages small enough that the buffer is decided within
+// AckWait.
 //
 // # MaxDeliver, AckWait and holding
 //
@@ -63,17 +87,22 @@
 // delivered to the consumer again (the server emits a MAX_DELIVERIES
 // advisory; the message stays in the stream). Throttling alone must never
 // do that, so the handler needs the consumer's MaxDeliver, AckWait and
-// BackOff: pass them with WithConsumerConfig. Without it MaxDeliver is
-// taken as unlimited.
+// BackOff: pass them with WithConsumer (from the consumer's cached info)
+// or WithConsumerConfig. One of the two is required for the guarantee:
+// without either, MaxDeliver is taken as unlimited, a message is never
+// held, and one rejected on its last delivery is NAKed and not delivered
+// to the consumer again.
 //
-// A rejected message whose NumDelivered has reached MaxDeliver is not
-// NAKed but held: a goroutine of its own keeps it from redelivery with
+// A rejected (or undecided) message whose NumDelivered has reached
+// MaxDeliver is not NAKed but held: a goroutine of its own keeps it from redelivery with
 // InProgress heartbeats (by default every third of the shortest of
 // AckWait, default 30 s, and the BackOff entries; WithHeartbeatInterval),
 // which reset the server's ack timer without using a delivery, and asks
 // the Gate again each time the retry-after (plus jitter) has passed, until
-// the message is admitted. Then the wrapped handler runs on that goroutine,
-// after one more InProgress so it has a full AckWait. Set MaxDeliver high
+// the message is admitted. Each of these decisions is bounded by the
+// decision timeout too, and a heartbeat is sent before one that could
+// otherwise delay the next heartbeat. Then the wrapped handler runs on
+// that goroutine, after one more InProgress so it has a full AckWait. Set MaxDeliver high
 // enough for real failures: throttling uses the deliveries below the last
 // one, and holds messages on the last. A message admitted after being held
 // is on its last delivery: if the wrapped handler NAKs it or lets AckWait
@@ -93,8 +122,21 @@
 //
 // # Configuration errors
 //
-// New validates and returns errors wrapping throttle.ErrInvalidOption.
-// NewHandler has no error return and does not panic: with a bad
-// configuration it returns a handler that NAKs every message with
-// ConfigErrorDelay and reports the configuration error for each one.
+// New validates and returns errors wrapping throttle.ErrInvalidOption, so
+// a bad configuration is caught at start-up. NewHandler has no error
+// return and does not panic: with a bad configuration (a nil handler or
+// Gate, an invalid option) it returns a handler that never runs the
+// wrapped handler and never uses up a delivery. A NAK would use one, so it
+// holds every message instead, unhandled, on a goroutine of its own with
+// InProgress heartbeats (every second, or a third of the AckWait when
+// WithConsumer or WithConsumerConfig was read, or WithHeartbeatInterval),
+// and reports the configuration error once per message to the error
+// handler, the logger and the span (throttle.disposition "stalled"). Each
+// message is held until an InProgress fails: the connection is closed or
+// the message was acknowledged through the same jetstream.Msg. So a
+// misconfigured consumer stalls, up to MaxAckPending messages, instead of
+// losing messages; once the process is fixed and restarted they come back
+// after AckWait, each on its next delivery. If the AckWait is below a
+// second and not configured, the heartbeats come too late and every
+// AckWait uses a delivery.
 package natsthrottle

@@ -50,7 +50,8 @@ func ExampleNewHandler() {
 		_ = msg.Ack()
 	}
 	cc, err := consumer.Consume(natsthrottle.NewHandler(handle, gate,
-		natsthrottle.WithConsumerConfig(cfg),
+		natsthrottle.WithConsumer(consumer), // MaxDeliver, AckWait and BackOff
+		natsthrottle.WithDecisionTimeout(2*time.Second),
 		natsthrottle.WithErrorHandler(func(msg jetstream.Msg, err error) {
 			log.Printf("natsthrottle: %s: %v", msg.Subject(), err)
 		})))

@@ -27,22 +27,22 @@ import (
 // the stream).
 var ErrClosed = errors.New("natsthrottle: handler closed")
 
-// errorRetry is the retry-after used when the Gate returns an error that
-// is not a usage error (only a done context, which the handler never
-// passes).
+// errorRetry is the retry-after used when the Gate could not decide and
+// gave no usable retry-after (Never).
 const errorRetry = time.Second
 
 // Handler gates a jetstream.MessageHandler with a throttle.Gate. Its
 // Handle method is a jetstream.MessageHandler to pass to Consume. It is
 // safe for concurrent use. The zero Handler is not usable: every message
-// it sees is NAKed with ConfigErrorDelay, as for a bad configuration; use
-// New.
+// it sees is held unhandled, as for a bad configuration (see NewHandler);
+// use New.
 type Handler struct {
 	next      jetstream.MessageHandler
 	gate      *throttle.Gate
 	cfg       config
 	tracer    trace.Tracer
 	heartbeat time.Duration
+	decision  time.Duration // bound of every Gate.Admit
 
 	mu      sync.Mutex
 	closing bool
@@ -71,10 +71,19 @@ func New(next jetstream.MessageHandler, g *throttle.Gate, opts ...Option) (*Hand
 //
 // NewHandler cannot return an error, and it does not panic. If h or g is
 // nil or an option is invalid, the returned handler admits nothing and
-// loses nothing: it NAKs every message with ConfigErrorDelay, and reports
-// the configuration error (wrapping throttle.ErrInvalidOption) to the error
-// handler, to the logger and on the message's span, for every message.
-// Use New to catch such errors at start-up.
+// loses nothing: a NAK would use one of the message's MaxDeliver
+// deliveries, so instead it holds every message, unhandled, on a goroutine
+// of its own with InProgress heartbeats (every second, or a third of the
+// AckWait when WithConsumerConfig or WithConsumer was read, or the
+// WithHeartbeatInterval), which never use a delivery. It reports the
+// configuration error (wrapping throttle.ErrInvalidOption) once per
+// message, to the error handler, to the logger and on the message's span.
+// A message is held until an InProgress fails: the connection is closed
+// or the message was acknowledged through the same jetstream.Msg. So a
+// misconfigured consumer stalls, up to its MaxAckPending messages, instead
+// of losing them; after a restart each message comes back after AckWait,
+// on its next delivery. New reports the same errors at start-up: prefer
+// it.
 func NewHandler(h jetstream.MessageHandler, g *throttle.Gate, opts ...Option) jetstream.MessageHandler {
 	hd, err := build(h, g, opts)
 	if err != nil {
@@ -92,6 +101,7 @@ func build(next jetstream.MessageHandler, g *throttle.Gate, opts []Option) (*Han
 		gate:      g,
 		cfg:       cfg,
 		heartbeat: cfg.heartbeatInterval(),
+		decision:  cfg.decisionTimeout(),
 		stop:      make(chan struct{}),
 		tracer: cfg.tracerProvider.Tracer(ScopeName,
 			trace.WithInstrumentationVersion(throttle.Version),
@@ -107,16 +117,37 @@ func build(next jetstream.MessageHandler, g *throttle.Gate, opts []Option) (*Han
 	return h, err
 }
 
-// misconfigured returns the handler of a bad configuration.
+// misconfigured returns the handler of a bad configuration: it reports
+// err once per message and holds the message with InProgress on a
+// goroutine of its own until an InProgress fails (see NewHandler).
 func (h *Handler) misconfigured(err error) jetstream.MessageHandler {
+	every := h.cfg.configErrorHeartbeat()
 	return func(msg jetstream.Msg) {
 		if msg == nil {
 			return
 		}
 		ctx, span := h.startSpan(msg)
-		defer span.End()
+		span.SetAttributes(DispositionAttr.String(DispositionStalled))
 		h.fail(ctx, span, msg, err)
-		h.nak(ctx, span, msg, ConfigErrorDelay, false)
+		span.End()
+		go h.stall(ctx, msg, every)
+	}
+}
+
+// stall sends msg InProgress every interval until that fails, which ends
+// the goroutine: the connection is closed, or the message was acknowledged.
+func (h *Handler) stall(ctx context.Context, msg jetstream.Msg, every time.Duration) {
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		if err := msg.InProgress(); err != nil {
+			if h.cfg.logger != nil {
+				h.cfg.logger.DebugContext(ctx, "natsthrottle: stopped holding a message of a misconfigured handler",
+					slog.String("subject", msg.Subject()), slog.Any("error", err))
+			}
+			return
+		}
+		<-ticker.C
 	}
 }
 
@@ -125,9 +156,10 @@ func (h *Handler) misconfigured(err error) jetstream.MessageHandler {
 func (h *Handler) Held() int { return int(h.held.Load()) }
 
 // Handle gates one message; it is a jetstream.MessageHandler. It decides
-// on the calling goroutine and returns once the message is handled, NAKed,
-// terminated, or handed to a goroutine that holds it (see the package
-// documentation); it never waits for a retry-after.
+// on the calling goroutine, waiting at most the decision timeout for the
+// Gate, and returns once the message is handled, NAKed, terminated, or
+// handed to a goroutine that holds it (see the package documentation); it
+// never waits for a retry-after.
 func (h *Handler) Handle(msg jetstream.Msg) {
 	if msg == nil {
 		return
@@ -145,7 +177,7 @@ func (h *Handler) Handle(msg jetstream.Msg) {
 		span.End()
 		return
 	}
-	d, err := h.gate.Admit(ctx, key, cost)
+	d, err := h.admit(ctx, key, cost)
 	retry, done := h.decided(ctx, span, msg, d, err)
 	if done {
 		span.End()
@@ -183,9 +215,18 @@ func (h *Handler) decided(ctx context.Context, span trace.Span, msg jetstream.Ms
 		h.terminate(ctx, span, msg, err)
 		return 0, true
 	case err != nil:
-		// Not expected: the context never ends. Retry later.
-		h.fail(ctx, span, msg, fmt.Errorf("natsthrottle: admit: %w", err))
-		return errorRetry, false
+		// No decision within the decision timeout (the context's error):
+		// retry after the Gate's degraded retry-after.
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("natsthrottle: no decision within the decision timeout of %v: %w", h.decision, err)
+		} else {
+			err = fmt.Errorf("natsthrottle: admit: %w", err)
+		}
+		h.fail(ctx, span, msg, err)
+		if d.RetryAfter < 0 || d.RetryAfter == throttle.Never {
+			return errorRetry, false
+		}
+		return d.RetryAfter, false
 	case d.Allowed:
 		span.SetAttributes(DispositionAttr.String(DispositionHandled))
 		h.next(&tracedMsg{Msg: msg, ctx: ctx})
@@ -206,6 +247,13 @@ func (h *Handler) lastDelivery(msg jetstream.Msg) bool {
 	}
 	md, err := msg.Metadata()
 	return err == nil && md.NumDelivered >= uint64(h.cfg.maxDeliver)
+}
+
+// admit asks the Gate, bounded by the decision timeout.
+func (h *Handler) admit(ctx context.Context, key string, cost int) (throttle.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.decision)
+	defer cancel()
+	return h.gate.Admit(ctx, key, cost)
 }
 
 // request derives the key and cost of msg.
@@ -235,13 +283,19 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, msg jetstream.Msg, 
 		h.cfg.logger.DebugContext(ctx, "natsthrottle: holding message on its last delivery",
 			slog.String("subject", msg.Subject()), slog.Duration("retry_after", d.RetryAfter))
 	}
-	// The message may have waited in the client's buffer: renew its ack
-	// timer at once.
-	h.inProgress(ctx, span, msg)
-	timer := time.NewTimer(h.delay(d.RetryAfter))
-	defer timer.Stop()
 	ticker := time.NewTicker(h.heartbeat)
 	defer ticker.Stop()
+	var lastBeat time.Time
+	beat := func() {
+		h.inProgress(ctx, span, msg)
+		lastBeat = time.Now()
+		ticker.Reset(h.heartbeat)
+	}
+	// The message may have waited in the client's buffer: renew its ack
+	// timer at once.
+	beat()
+	timer := time.NewTimer(h.delay(d.RetryAfter))
+	defer timer.Stop()
 	holding := true
 	release := func() {
 		if holding {
@@ -257,7 +311,7 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, msg jetstream.Msg, 
 			h.abandon(ctx, span, msg)
 			return
 		case <-ticker.C:
-			h.inProgress(ctx, span, msg)
+			beat()
 			continue
 		case <-timer.C:
 		}
@@ -267,10 +321,15 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, msg jetstream.Msg, 
 			return
 		default:
 		}
-		d, err := h.gate.Admit(ctx, key, cost)
+		if time.Since(lastBeat)+h.decision > h.heartbeat {
+			// The decision may take up to the decision timeout: no
+			// heartbeat may come later than usual because of it.
+			beat()
+		}
+		d, err := h.admit(ctx, key, cost)
 		if err == nil && d.Allowed {
 			// Give the wrapped handler a full AckWait.
-			h.inProgress(ctx, span, msg)
+			beat()
 			release()
 		}
 		retry, done := h.decided(ctx, span, msg, d, err)
@@ -288,7 +347,8 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, msg jetstream.Msg, 
 // done; then the messages still held are given up: left unacknowledged,
 // each reported with ErrClosed (the server will not deliver them to this
 // consumer again once AckWait passes: they were on their last delivery),
-// and Close returns ctx.Err(). A wrapped handler already running is not
+// and Close returns ctx.Err(), up to a decision timeout later if a held
+// message was being decided. A wrapped handler already running is not
 // interrupted and may still be running when Close returns after ctx is
 // done. Stop or drain the ConsumeContext first. Close is safe to call more
 // than once.
@@ -311,8 +371,9 @@ func (h *Handler) Close(ctx context.Context) error {
 			close(h.stop)
 		}
 	})
-	// Goroutines still holding see stop at once; wait for them, not for
-	// wrapped handlers already running.
+	// Goroutines still holding see stop at once, or after the decision
+	// they are waiting for (at most the decision timeout); wait for them,
+	// not for wrapped handlers already running.
 	h.holding.Wait()
 	return ctx.Err()
 }

@@ -23,10 +23,16 @@ const (
 	// most 100 ms.
 	DefaultJitterFraction = 0.1
 	DefaultJitterMax      = 100 * time.Millisecond
-	// ConfigErrorDelay is the NAK delay of every message seen by a handler
-	// that NewHandler built from a bad configuration (see NewHandler).
-	ConfigErrorDelay = 5 * time.Second
-	// minHeartbeat is the shortest interval between InProgress heartbeats.
+	// MaxDecisionTimeout caps the default decision timeout (see
+	// WithDecisionTimeout): a quarter of the shortest ack wait, at most
+	// 5 s.
+	MaxDecisionTimeout = 5 * time.Second
+	// configErrorHeartbeat is how often a handler built from a bad
+	// configuration sends InProgress for the messages it holds when the
+	// consumer's AckWait is not known (see NewHandler).
+	configErrorHeartbeat = time.Second
+	// minHeartbeat is the shortest interval between InProgress heartbeats,
+	// and the shortest default decision timeout.
 	minHeartbeat = 10 * time.Millisecond
 )
 
@@ -45,6 +51,8 @@ type config struct {
 	ackWait        time.Duration
 	backOff        []time.Duration
 	heartbeat      time.Duration // 0: derived from ackWait and backOff
+	decision       time.Duration // 0: derived from ackWait and backOff
+	consumerKnown  bool          // WithConsumerConfig or WithConsumer applied
 	jitterFraction float64
 	jitterMax      time.Duration
 	tracerProvider trace.TracerProvider
@@ -74,6 +82,10 @@ func newConfig(opts []Option) (config, error) {
 			first = err
 		}
 	}
+	if first == nil && c.decision >= c.shortestAckWait() {
+		first = &throttle.OptionError{Field: "WithDecisionTimeout",
+			Reason: fmt.Sprintf("%v must be below the consumer's shortest ack wait %v (AckWait and BackOff)", c.decision, c.shortestAckWait())}
+	}
 	if c.tracerProvider == nil {
 		c.tracerProvider = otel.GetTracerProvider()
 	}
@@ -90,11 +102,38 @@ func (c *config) heartbeatInterval() time.Duration {
 	if c.heartbeat > 0 {
 		return c.heartbeat
 	}
+	return max(c.shortestAckWait()/3, minHeartbeat)
+}
+
+// decisionTimeout bounds every Gate.Admit: by default a quarter of the
+// shortest ack wait, at most MaxDecisionTimeout and at least 10 ms.
+func (c *config) decisionTimeout() time.Duration {
+	if c.decision > 0 {
+		return c.decision
+	}
+	return max(min(c.shortestAckWait()/4, MaxDecisionTimeout), minHeartbeat)
+}
+
+// shortestAckWait is the shortest time the server may wait for an ack
+// before it redelivers: AckWait, or the shortest BackOff entry when
+// BackOff is set.
+func (c *config) shortestAckWait() time.Duration {
 	d := c.ackWait
 	for _, b := range c.backOff {
 		d = min(d, b)
 	}
-	return max(d/3, minHeartbeat)
+	return d
+}
+
+// configErrorHeartbeat is how often a handler built from a bad
+// configuration sends InProgress for each message it holds: the
+// heartbeat interval when the consumer's AckWait or the interval itself
+// was configured, otherwise every second.
+func (c *config) configErrorHeartbeat() time.Duration {
+	if c.heartbeat > 0 || c.consumerKnown {
+		return c.heartbeatInterval()
+	}
+	return configErrorHeartbeat
 }
 
 // WithKeyFunc sets how a message's limiter key is derived. The default is
@@ -124,33 +163,78 @@ func WithCostFunc(f func(jetstream.Msg) (int, error)) Option {
 
 // WithConsumerConfig tells the handler the consumer's MaxDeliver, AckWait
 // and BackOff, which it needs to keep throttling from using up deliveries:
-// pass the config the consumer was created with (or
-// consumer.CachedInfo().Config). Other fields are ignored.
+// pass the config the consumer was created with (or use WithConsumer).
+// Other fields are ignored. Without this option or WithConsumer the handler
+// assumes an unlimited MaxDeliver, so it never holds a message, and a
+// message rejected on its last delivery is NAKed and not delivered to the
+// consumer again: the guarantee that throttling never uses up MaxDeliver
+// needs one of the two. When both are given, the last one wins.
 //
 // MaxDeliver <= 0 means unlimited (the server's default, -1); AckWait 0
-// means the server default of 30 s. Without this option the handler assumes
-// an unlimited MaxDeliver and so never holds a message. AckWait < 0,
-// MaxDeliver < -1 or a BackOff entry <= 0 is an error wrapping
-// throttle.ErrInvalidOption.
+// means the server default of 30 s. AckWait < 0, MaxDeliver < -1 or a
+// BackOff entry <= 0 is an error wrapping throttle.ErrInvalidOption.
 func WithConsumerConfig(cfg jetstream.ConsumerConfig) Option {
+	return optionFunc(func(c *config) error { return c.setConsumer("WithConsumerConfig", cfg) })
+}
+
+// WithConsumer is WithConsumerConfig(c.CachedInfo().Config): it takes the
+// consumer's MaxDeliver, AckWait and BackOff from the info cached when c
+// was created or looked up (as the server filled in its defaults). Nil
+// keeps the default. A consumer without cached info is an error wrapping
+// throttle.ErrInvalidOption.
+func WithConsumer(cons jetstream.Consumer) Option {
 	return optionFunc(func(c *config) error {
-		if cfg.AckWait < 0 {
-			return &throttle.OptionError{Field: "WithConsumerConfig.AckWait", Reason: fmt.Sprintf("must be >= 0, got %v", cfg.AckWait)}
+		if cons == nil {
+			return nil
 		}
-		if cfg.MaxDeliver < -1 {
-			return &throttle.OptionError{Field: "WithConsumerConfig.MaxDeliver", Reason: fmt.Sprintf("must be >= -1, got %d", cfg.MaxDeliver)}
+		info := cons.CachedInfo()
+		if info == nil {
+			return &throttle.OptionError{Field: "WithConsumer", Reason: "consumer has no cached info"}
 		}
-		for i, b := range cfg.BackOff {
-			if b <= 0 {
-				return &throttle.OptionError{Field: "WithConsumerConfig.BackOff", Reason: fmt.Sprintf("entry %d must be > 0, got %v", i, b)}
-			}
+		return c.setConsumer("WithConsumer", info.Config)
+	})
+}
+
+// setConsumer validates and keeps what the handler needs of cfg; field
+// names the option in errors.
+func (c *config) setConsumer(field string, cfg jetstream.ConsumerConfig) error {
+	if cfg.AckWait < 0 {
+		return &throttle.OptionError{Field: field + ".AckWait", Reason: fmt.Sprintf("must be >= 0, got %v", cfg.AckWait)}
+	}
+	if cfg.MaxDeliver < -1 {
+		return &throttle.OptionError{Field: field + ".MaxDeliver", Reason: fmt.Sprintf("must be >= -1, got %d", cfg.MaxDeliver)}
+	}
+	for i, b := range cfg.BackOff {
+		if b <= 0 {
+			return &throttle.OptionError{Field: field + ".BackOff", Reason: fmt.Sprintf("entry %d must be > 0, got %v", i, b)}
 		}
-		c.maxDeliver = max(cfg.MaxDeliver, 0)
-		c.ackWait = cfg.AckWait
-		if c.ackWait == 0 {
-			c.ackWait = DefaultAckWait
+	}
+	c.maxDeliver = max(cfg.MaxDeliver, 0)
+	c.ackWait = cfg.AckWait
+	if c.ackWait == 0 {
+		c.ackWait = DefaultAckWait
+	}
+	c.backOff = append([]time.Duration(nil), cfg.BackOff...)
+	c.consumerKnown = true
+	return nil
+}
+
+// WithDecisionTimeout bounds every Gate.Admit call, in the Consume
+// callback and for held messages, with a context deadline of d: a limiter
+// that hangs (a store that does not answer) can then delay a message by at
+// most d before the handler gives up on the decision, reports it and NAKs
+// the message with the Gate's degraded retry-after (or holds it on its last
+// delivery). The default is a quarter of the shortest of AckWait and the
+// BackOff entries, at most MaxDecisionTimeout (5 s) and at least 10 ms:
+// 5 s for the default AckWait of 30 s. d must be > 0 and below the
+// shortest ack wait; otherwise the error wraps throttle.ErrInvalidOption.
+// The limiter must honour its context for the bound to hold.
+func WithDecisionTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return &throttle.OptionError{Field: "WithDecisionTimeout", Reason: fmt.Sprintf("must be > 0, got %v", d)}
 		}
-		c.backOff = append([]time.Duration(nil), cfg.BackOff...)
+		c.decision = d
 		return nil
 	})
 }
@@ -214,9 +298,11 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 
 // WithErrorHandler sets a function called with every error the handler
 // meets for a message: a failed Nak, InProgress or Term, a key or cost
-// function error, a request the Gate refuses as a usage error, a held
-// message abandoned by Close (ErrClosed), a bad configuration. A rejection
-// is not an error. f may be called from the Consume callback and from
+// function error, a request the Gate refuses as a usage error, a decision
+// not made within the decision timeout (wrapping the context's error,
+// context.DeadlineExceeded), a held message abandoned by Close
+// (ErrClosed), a bad configuration (once per message). A rejection is not
+// an error. f may be called from the Consume callback and from
 // held-message goroutines at the same time. The default does nothing. Nil
 // keeps the default.
 func WithErrorHandler(f func(jetstream.Msg, error)) Option {
