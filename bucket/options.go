@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -72,8 +73,8 @@ func WithClock(c throttle.Clock) Option {
 // Local ignores it.
 func WithPrefix(p string) Option {
 	return optionFunc(func(cfg *config) error {
-		if !rediskey.CheckPrefix(p) {
-			return &throttle.OptionError{Field: "WithPrefix", Reason: "must not contain '{' or '}' (they would break the Redis Cluster hash tag)"}
+		if err := rediskey.PrefixError(p); err != nil {
+			return err
 		}
 		cfg.prefix = p
 		return nil
@@ -87,8 +88,8 @@ func WithPrefix(p string) Option {
 // ignores it.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(cfg *config) error {
-		if d <= 0 {
-			return &throttle.OptionError{Field: "WithTimeout", Reason: fmt.Sprintf("must be > 0, got %v", d)}
+		if err := deadline.Check(d); err != nil {
+			return err
 		}
 		cfg.timeout = d
 		return nil

@@ -19,6 +19,7 @@ package rediskey
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/queuethrottle/queuethrottle/throttle"
 	"reflect"
 	"strings"
 )
@@ -80,6 +81,15 @@ func Key(prefix, id string) string {
 // or '}', which would change the key's hash tag.
 func CheckPrefix(p string) bool {
 	return strings.IndexByte(p, '{') < 0 && strings.IndexByte(p, '}') < 0
+}
+
+// PrefixError returns the error of the WithPrefix option for p, or nil if
+// CheckPrefix accepts it.
+func PrefixError(p string) error {
+	if CheckPrefix(p) {
+		return nil
+	}
+	return &throttle.OptionError{Field: "WithPrefix", Reason: "must not contain '{' or '}' (they would break the Redis Cluster hash tag)"}
 }
 
 // Slots is the number of Redis Cluster hash slots.
