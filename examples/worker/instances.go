@@ -395,20 +395,9 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 		}
 	}
 	stopProcesses()
-	info := ""
-	ictx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if ci, err := cons.Info(ictx); err == nil {
-		info = fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending)
-	}
+	info := consumerInfo(cons)
 	cl.run()
-
-	if stopReason != "" {
-		fmt.Fprintln(out, "stopped early:", stopReason)
-	}
-	if info != "" {
-		fmt.Fprintln(out, info)
-	}
+	printStop(out, stopReason, info)
 	ps.errs.print(out, "error")
 	rep := rec.summarize(jf.Jobs, rateOf, spec)
 	rep.Instances = cfg.Instances

@@ -195,20 +195,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if as != nil {
 		as.stop()
 	}
-	info := ""
-	ictx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if ci, err := cons.Info(ictx); err == nil {
-		info = fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending)
-	}
+	info := consumerInfo(cons)
 	cl.run()
-
-	if stopReason != "" {
-		fmt.Fprintln(out, "stopped early:", stopReason)
-	}
-	if info != "" {
-		fmt.Fprintln(out, info)
-	}
+	printStop(out, stopReason, info)
 	w.handlerErrs.print(out, "handler error")
 	w.throttleErrs.print(out, "throttle error")
 	rep := rec.summarize(jf.Jobs, rateOf, spec)
@@ -698,4 +687,27 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// consumerInfo returns a line on the durable consumer's deliveries, or ""
+// if the server does not answer.
+func consumerInfo(cons jetstream.Consumer) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending)
+}
+
+// printStop prints why the run stopped early, if it did, and the consumer
+// line.
+func printStop(out io.Writer, stopReason, info string) {
+	if stopReason != "" {
+		fmt.Fprintln(out, "stopped early:", stopReason)
+	}
+	if info != "" {
+		fmt.Fprintln(out, info)
+	}
 }
