@@ -105,3 +105,17 @@ func TestRatePerMicros(t *testing.T) {
 		require.Equal(t, tt.want, throttle.Rate{Count: 1, Per: tt.per}.PerMicros(), "Per %d", tt.per)
 	}
 }
+
+func TestSystemClockFollowsTheWallClock(t *testing.T) {
+	for range 3 {
+		before := time.Now()
+		got := throttle.SystemClock.Now()
+		after := time.Now()
+		require.False(t, got.Before(before.Add(-time.Millisecond)), "SystemClock %v before time.Now %v", got, before)
+		require.False(t, got.After(after.Add(time.Millisecond)), "SystemClock %v after time.Now %v", got, after)
+		time.Sleep(10 * time.Millisecond)
+	}
+	a := throttle.SystemClock.Now()
+	b := throttle.SystemClock.Now()
+	require.False(t, b.Before(a), "never backwards")
+}
