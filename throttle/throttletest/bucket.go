@@ -247,8 +247,6 @@ func testBucketRetryAfterExact(t *testing.T, newLimiter NewBucketFunc) {
 	clock := NewClock(T0)
 	l := newLimiter(t, r, burst, clock)
 	const key = "retry-after-exact"
-	us := time.Microsecond
-	deltas := []time.Duration{0, 3 * us, 137250 * us, 1 * us, 401999 * us, 50 * ms, 0, 999 * us, 333333 * us}
 	costs := []int{1, 2, 1, 1, 3, 1, 2, 4}
 	allow := func(at time.Duration, n int) throttle.Decision {
 		t.Helper()
@@ -260,30 +258,7 @@ func testBucketRetryAfterExact(t *testing.T, newLimiter NewBucketFunc) {
 		checkBucketInvariants(t, fmt.Sprintf("at %v, n %d", at, n), d, r, burst)
 		return d
 	}
-	rejections := 0
-	at := time.Duration(0)
-	for i := 0; i < 60; i++ {
-		at += deltas[i%len(deltas)]
-		n := costs[i%len(costs)]
-		d := allow(at, n)
-		if d.Allowed {
-			continue
-		}
-		rejections++
-		ra := d.RetryAfter
-		if ra > time.Millisecond {
-			if early := allow(at+ra-time.Millisecond, n); early.Allowed {
-				t.Fatalf("at %v, n %d: RetryAfter %v, but admitted 1ms earlier", at, n, ra)
-			}
-		}
-		at += ra
-		if late := allow(at, n); !late.Allowed {
-			t.Fatalf("at %v, n %d: rejected exactly RetryAfter %v later: %s", at-ra, n, ra, fmtDecision(late))
-		}
-	}
-	if rejections < 10 {
-		t.Fatalf("only %d rejections: the schedule does not exercise RetryAfter", rejections)
-	}
+	presentAndRetry(t, allow, costs)
 }
 
 // testBucketBadCost checks that n < 1 and n > burst are errors wrapping

@@ -165,6 +165,43 @@ func RunWindow(t *testing.T, newLimiter NewWindowFunc) {
 	t.Run("odd keys", func(t *testing.T) { testOddKeys(t, newLimiter) })
 }
 
+// retryAfterDeltas are the irregular gaps, in µs and ms, between the
+// requests of the RetryAfter-is-exact tests.
+var retryAfterDeltas = []time.Duration{0, 3 * time.Microsecond, 137250 * time.Microsecond, time.Microsecond,
+	401999 * time.Microsecond, 50 * ms, 0, 999 * time.Microsecond, 333333 * time.Microsecond}
+
+// presentAndRetry presents 60 requests through allow (which decides at
+// T0+at), spaced by retryAfterDeltas with costs in turn; after each rejection it
+// checks that RetryAfter-1ms later is still too early and that exactly
+// RetryAfter later is admitted. At least 10 rejections must happen.
+func presentAndRetry(t *testing.T, allow func(at time.Duration, n int) throttle.Decision, costs []int) {
+	t.Helper()
+	at := time.Duration(0)
+	rejections := 0
+	for i := 0; i < 60; i++ {
+		at += retryAfterDeltas[i%len(retryAfterDeltas)]
+		n := costs[i%len(costs)]
+		d := allow(at, n)
+		if d.Allowed {
+			continue
+		}
+		rejections++
+		ra := d.RetryAfter
+		if ra > time.Millisecond {
+			if early := allow(at+ra-time.Millisecond, n); early.Allowed {
+				t.Fatalf("at %v, n %d: RetryAfter %v, but admitted 1ms earlier", at, n, ra)
+			}
+		}
+		at += ra
+		if late := allow(at, n); !late.Allowed {
+			t.Fatalf("at %v, n %d: rejected exactly RetryAfter %v later: %s", at-ra, n, ra, fmtDecision(late))
+		}
+	}
+	if rejections < 10 {
+		t.Fatalf("only %d rejections: the schedule does not exercise RetryAfter", rejections)
+	}
+}
+
 // runSteps runs steps against l on key, moving clock to each step's
 // instant, and fails t at the first Decision that differs from the step.
 func runSteps(t *testing.T, l throttle.Limiter, clock *Clock, key string, limit int, steps []step) {
@@ -251,11 +288,8 @@ func testRetryAfterExact(t *testing.T, newLimiter NewWindowFunc) {
 	clock := NewClock(T0)
 	l := newLimiter(t, r, clock)
 	const key = "retry-after-exact"
-	us := time.Microsecond
-	deltas := []time.Duration{0, 3 * us, 137250 * us, 1 * us, 401999 * us, 50 * ms, 0, 999 * us, 333333 * us}
 	costs := []int{1, 2, 1, 1, 3, 1, 2}
 	var adm []admitted
-	at := time.Duration(0)
 	allow := func(at time.Duration, n int) throttle.Decision {
 		t.Helper()
 		clock.Set(T0.Add(at))
@@ -269,29 +303,7 @@ func testRetryAfterExact(t *testing.T, newLimiter NewWindowFunc) {
 		}
 		return d
 	}
-	rejections := 0
-	for i := 0; i < 60; i++ {
-		at += deltas[i%len(deltas)]
-		n := costs[i%len(costs)]
-		d := allow(at, n)
-		if d.Allowed {
-			continue
-		}
-		rejections++
-		ra := d.RetryAfter
-		if ra > time.Millisecond {
-			if early := allow(at+ra-time.Millisecond, n); early.Allowed {
-				t.Fatalf("at %v, n %d: RetryAfter %v, but admitted 1ms earlier", at, n, ra)
-			}
-		}
-		at += ra
-		if late := allow(at, n); !late.Allowed {
-			t.Fatalf("at %v, n %d: rejected exactly RetryAfter %v later: %s", at-ra, n, ra, fmtDecision(late))
-		}
-	}
-	if rejections < 10 {
-		t.Fatalf("only %d rejections: the schedule does not exercise RetryAfter", rejections)
-	}
+	presentAndRetry(t, allow, costs)
 	checkWindow(t, adm, r)
 }
 
