@@ -356,19 +356,11 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 		return report{}, err
 	}
 	prefix := "queuethrottle:example:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":nats:"
-	nc, natsName, err := connect(cfg.NATSURL, &cl)
+	ns, err := openNATS(ctx, cfg, len(jf.Jobs), &cl)
 	if err != nil {
 		return report{}, err
 	}
-	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", &cl)
-	if err != nil {
-		return report{}, err
-	}
-	start := time.Now()
-	rec := newRecorder(start, len(jf.Jobs))
-	if err := watchMaxDeliveries(nc, rec, &cl); err != nil {
-		return report{}, err
-	}
+	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
 	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec)
 	if err != nil {
 		return report{}, err

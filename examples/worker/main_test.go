@@ -269,12 +269,7 @@ func TestRun(t *testing.T) {
 	cfg.Rate = "3/200ms"
 	cfg.Timeout = 20 * time.Second
 	cfg.Progress = 200 * time.Millisecond
-	var out bytes.Buffer
-	rep, err := work(context.Background(), cfg, &out)
-	t.Logf("output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep, out := mustWork(t, cfg)
 	if !rep.ExactlyOnce() {
 		t.Errorf("not exactly once: missing %v, duplicates %v", rep.Missing, rep.Duplicates)
 	}
@@ -432,12 +427,7 @@ func TestRunRedis(t *testing.T) {
 	cfg.Rate = "3/200ms"
 	cfg.RedisURL = "redis://" + srv.Addr() + "/0"
 	cfg.Timeout = 20 * time.Second
-	var out bytes.Buffer
-	rep, err := work(context.Background(), cfg, &out)
-	t.Logf("output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep, out := mustWork(t, cfg)
 	if !strings.Contains(out.String(), "Redis window at "+srv.Addr()) {
 		t.Error("the header does not name the Redis window")
 	}
@@ -491,12 +481,7 @@ func TestRunBucket(t *testing.T) {
 			if tt.redis {
 				cfg.RedisURL = "redis://" + redistest.Start(t).Addr() + "/0"
 			}
-			var out bytes.Buffer
-			rep, err := work(context.Background(), cfg, &out)
-			t.Logf("output:\n%s", out.String())
-			if err != nil {
-				t.Fatal(err)
-			}
+			rep, out := mustWork(t, cfg)
 			s := out.String()
 			if !strings.Contains(s, tt.header) {
 				t.Errorf("the header does not say %q", tt.header)
@@ -536,12 +521,7 @@ func TestRunHybrid(t *testing.T) {
 	cfg.Limiter = familyHybrid
 	cfg.RedisURL = "redis://" + srv.Addr() + "/0"
 	cfg.Timeout = 20 * time.Second
-	var out bytes.Buffer
-	rep, err := work(context.Background(), cfg, &out)
-	t.Logf("output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep, out := mustWork(t, cfg)
 	s := out.String()
 	if !strings.Contains(s, "hybrid token bucket on Redis at "+srv.Addr()) {
 		t.Error("the header does not name the hybrid")
@@ -595,12 +575,7 @@ func TestRunInstances(t *testing.T) {
 			cfg.RedisURL = "redis://" + srv.Addr() + "/0"
 			cfg.Instances = 3
 			cfg.Timeout = 30 * time.Second
-			var out bytes.Buffer
-			rep, err := work(context.Background(), cfg, &out)
-			t.Logf("output:\n%s", out.String())
-			if err != nil {
-				t.Fatal(err)
-			}
+			rep, out := mustWork(t, cfg)
 			checkConsumer(t, rep, map[string]int{"burst": 25, "light": 6})
 			if !rep.OK() {
 				t.Error("report not OK")
@@ -726,12 +701,7 @@ func TestRunNeverAdmissible(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.JobsPath = path
 	cfg.Timeout = 20 * time.Second
-	var out bytes.Buffer
-	rep, err := work(context.Background(), cfg, &out)
-	t.Logf("output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep, out := mustWork(t, cfg)
 	if rep.Elapsed > 10*time.Second {
 		t.Errorf("took %v: waited for the terminated job", rep.Elapsed)
 	}
@@ -741,4 +711,17 @@ func TestRunNeverAdmissible(t *testing.T) {
 	if !strings.Contains(out.String(), "throttle error: jobs.big:") {
 		t.Error("the termination is not reported")
 	}
+}
+
+// mustWork runs the worker in-process with cfg, logs its output, and
+// fails t if it returns an error.
+func mustWork(t *testing.T, cfg config) (report, *bytes.Buffer) {
+	t.Helper()
+	var out bytes.Buffer
+	rep, err := work(context.Background(), cfg, &out)
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, &out
 }

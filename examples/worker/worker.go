@@ -115,17 +115,11 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	nc, natsName, err := connect(cfg.NATSURL, &cl)
+	ns, err := openNATS(ctx, cfg, len(jf.Jobs), &cl)
 	if err != nil {
 		return report{}, err
 	}
-	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", &cl)
-	if err != nil {
-		return report{}, err
-	}
-
-	start := time.Now()
-	rec := newRecorder(start, len(jf.Jobs))
+	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
 	// The limit is checked at the admissions, not at handler starts: a
 	// handler may start a little after its admission (a held message runs
 	// on its own goroutine), which can bunch handler starts beyond the
@@ -145,12 +139,6 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, &cl); err != nil {
 			return report{}, err
 		}
-	}
-
-	// Messages the server stops delivering (MaxDeliver reached) are lost
-	// to this consumer: count them, and stop waiting for them.
-	if err := watchMaxDeliveries(nc, rec, &cl); err != nil {
-		return report{}, err
 	}
 
 	// The worker: the job handler gated by the throttle.
@@ -235,6 +223,39 @@ func limitsText(jf jobsFile, defRate throttle.Rate) string {
 		limits += " (" + strings.Join(overrides, ", ") + ")"
 	}
 	return limits
+}
+
+// natsRun is the NATS side of a run: the connection (and the server's
+// name for the header), the stream and durable consumer, and the recorder
+// that counts from start.
+type natsRun struct {
+	nc    *nats.Conn
+	name  string
+	js    jetstream.JetStream
+	cons  jetstream.Consumer
+	start time.Time
+	rec   *recorder
+}
+
+// openNATS connects, sets up the stream and consumer, starts the recorder
+// for jobs jobs, and watches for messages the server stops delivering
+// (MaxDeliver reached): they are lost to this consumer, so they are
+// counted and no longer waited for.
+func openNATS(ctx context.Context, cfg config, jobs int, cl *closers) (natsRun, error) {
+	nc, name, err := connect(cfg.NATSURL, cl)
+	if err != nil {
+		return natsRun{}, err
+	}
+	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", cl)
+	if err != nil {
+		return natsRun{}, err
+	}
+	start := time.Now()
+	rec := newRecorder(start, jobs)
+	if err := watchMaxDeliveries(nc, rec, cl); err != nil {
+		return natsRun{}, err
+	}
+	return natsRun{nc: nc, name: name, js: js, cons: cons, start: start, rec: rec}, nil
 }
 
 // watchMaxDeliveries counts, in rec, the messages the server gives up on
