@@ -12,7 +12,8 @@ const (
 	RemainingAttr    = attribute.Key("throttle.remaining")      // int: Decision.Remaining
 	RetryAfterMsAttr = attribute.Key("throttle.retry_after_ms") // int: Decision.RetryAfter in milliseconds
 	SourceAttr       = attribute.Key("throttle.source")         // string: Decision.Source
-	OutcomeAttr      = attribute.Key("throttle.outcome")        // string: "admitted" or "rejected" (metrics)
+	ReservedAttr     = attribute.Key("throttle.reserved")       // bool: Decision.Reserved, on decisions of Gate.AdmitID
+	OutcomeAttr      = attribute.Key("throttle.outcome")        // string: "admitted", "rejected" or "reserved" (a rejection holding a slot) (metrics)
 	PolicyAttr       = attribute.Key("throttle.failure_policy") // string: set when the policy decided
 )
 

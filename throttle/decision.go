@@ -60,6 +60,11 @@ type Decision struct {
 	ResetAfter time.Duration
 	// Source says who decided.
 	Source Source
+	// Reserved reports, for a rejection, that the limiter holds a slot for
+	// this request's id at now + RetryAfter (see IDLimiter): presenting
+	// the same id again at or after that instant is admitted on the
+	// reservation. Always false when Allowed.
+	Reserved bool
 }
 
 // CeilMillisecond rounds d up to a whole millisecond. Negative durations

@@ -27,6 +27,8 @@ const Version = "0.1.0"
 // latency sample. A Gate is safe for concurrent use.
 type Gate struct {
 	limiter       Limiter
+	ids           IDLimiter // limiter, when it implements IDLimiter
+	horizon       time.Duration
 	algorithm     string
 	limit         int
 	policy        FailurePolicy
@@ -41,13 +43,12 @@ type Gate struct {
 	duration        metric.Float64Histogram
 	storeErrors     metric.Int64Counter
 
-	// Metric options are indexed by outcome (0 rejected, 1 admitted) and
-	// Source.
+	// Metric options are indexed by outcome (see outcomes) and Source.
 	// Precomputed option slices: a variadic call through an interface
 	// would otherwise allocate its slice on every decision.
 	startOpts   []trace.SpanStartOption
-	addOpts     [2][SourceDegraded + 1][]metric.AddOption
-	recordOpts  [2][SourceDegraded + 1][]metric.RecordOption
+	addOpts     [3][SourceDegraded + 1][]metric.AddOption
+	recordOpts  [3][SourceDegraded + 1][]metric.RecordOption
 	storeErrOpt []metric.AddOption
 }
 
@@ -72,7 +73,8 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if cfg.meterProvider == nil {
 		cfg.meterProvider = otel.GetMeterProvider()
 	}
-	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride}
+	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon}
+	g.ids, _ = l.(IDLimiter)
 	if a, ok := l.(Algorithmer); ok && g.algorithm == "" {
 		g.algorithm = a.Algorithm()
 	}
@@ -101,7 +103,7 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 		metric.WithDescription("Limiter store failures and timeouts; the failure policy decided instead.")); err != nil {
 		return nil, err
 	}
-	for allowed, outcome := range []string{"rejected", "admitted"} {
+	for allowed, outcome := range outcomes {
 		for s := SourceUnknown; s <= SourceDegraded; s++ {
 			set := metric.WithAttributeSet(attribute.NewSet(OutcomeAttr.String(outcome), SourceAttr.String(s.String())))
 			g.addOpts[allowed][s] = []metric.AddOption{set}
@@ -113,8 +115,31 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	return g, nil
 }
 
+// outcomes are the values of the throttle.outcome metric label, indexed
+// by outcomeOf.
+var outcomes = [...]string{"rejected", "admitted", "reserved"}
+
+func outcomeOf(d Decision) int {
+	switch {
+	case d.Allowed:
+		return 1
+	case d.Reserved:
+		return 2
+	}
+	return 0
+}
+
 // Policy returns the Gate's failure policy.
 func (g *Gate) Policy() FailurePolicy { return g.policy }
+
+// Reservations returns the horizon of WithReservations when the limiter
+// implements IDLimiter, else 0: how far ahead AdmitID reserves slots.
+func (g *Gate) Reservations() time.Duration {
+	if g == nil || g.ids == nil {
+		return 0
+	}
+	return g.horizon
+}
 
 // Admit decides whether a request of cost n for key may proceed.
 //
@@ -132,6 +157,21 @@ func (g *Gate) Policy() FailurePolicy { return g.policy }
 // and for the zero Gate (ErrInvalidOption). The zero Gate is not usable:
 // call NewGate.
 func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
+	return g.admit(ctx, key, n, "", false)
+}
+
+// AdmitID is Admit for a request with identity id (a stream sequence, a
+// task ID): when the limiter implements IDLimiter, it decides with
+// AllowID and the Gate's reservation horizon (WithReservations), so an id
+// already admitted is not charged again and, with a horizon, a rejection
+// reserves the request's own future slot (Decision.Reserved). Otherwise
+// it is Admit. Failures and errors are as for Admit; a degraded decision
+// reserves nothing.
+func (g *Gate) AdmitID(ctx context.Context, key string, n int, id string) (Decision, error) {
+	return g.admit(ctx, key, n, id, true)
+}
+
+func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bool) (Decision, error) {
 	if g == nil || g.limiter == nil {
 		return Decision{RetryAfter: Never}, &OptionError{Field: "Gate", Reason: "not built by NewGate"}
 	}
@@ -143,7 +183,13 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 	if g.traced {
 		ctx, span = g.tracer.Start(ctx, SpanName, g.startOpts...)
 	}
-	d, err := g.limiter.AllowN(ctx, key, n)
+	var d Decision
+	var err error
+	if hasID && g.ids != nil {
+		d, err = g.ids.AllowID(ctx, key, n, id, g.horizon)
+	} else {
+		d, err = g.limiter.AllowN(ctx, key, n)
+	}
 	if err != nil {
 		span.RecordError(err)
 		switch {
@@ -168,10 +214,10 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 			g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
 		}
 	}
-	allowed := 0
 	if d.Allowed {
-		allowed = 1
+		d.Reserved = false
 	}
+	outcome := outcomeOf(d)
 	src := d.Source
 	if src < SourceUnknown || src > SourceDegraded {
 		src = SourceUnknown
@@ -187,14 +233,17 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 			RetryAfterMsAttr.Int64(d.RetryAfter.Milliseconds()),
 			SourceAttr.String(d.Source.String()),
 		)
+		if hasID {
+			span.SetAttributes(ReservedAttr.Bool(d.Reserved))
+		}
 		if err != nil {
 			span.SetAttributes(PolicyAttr.String(g.policy.String()))
 		}
 	}
 	span.End()
 	if g.metered {
-		g.decisions.Add(ctx, 1, g.addOpts[allowed][src]...)
-		g.duration.Record(ctx, (monotonic() - start).Seconds(), g.recordOpts[allowed][src]...)
+		g.decisions.Add(ctx, 1, g.addOpts[outcome][src]...)
+		g.duration.Record(ctx, (monotonic() - start).Seconds(), g.recordOpts[outcome][src]...)
 	}
 	return d, nil
 }

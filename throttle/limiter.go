@@ -16,6 +16,32 @@ type Limiter interface {
 	AllowN(ctx context.Context, key string, n int) (Decision, error)
 }
 
+// IDLimiter is an optional Limiter capability: decisions keyed by a request
+// identity, which make a rejection a schedule rather than a bounce and make
+// admission idempotent. The Gate uses it (Gate.AdmitID) when the limiter
+// has it; window.Memory, window.Redis, bucket.Local and bucket.Redis do.
+type IDLimiter interface {
+	Limiter
+	// AllowID decides a request of cost n with identity id (a stream
+	// sequence, a task ID; opaque bytes, scoped to key) for key:
+	//
+	//   - an id already admitted and still counted: Allowed, nothing
+	//     charged again (a redelivery, another worker, a retry after a
+	//     lost reply);
+	//   - an id whose reservation time has come: Allowed on it;
+	//   - an id holding a future reservation: rejected, Reserved,
+	//     RetryAfter = the time to its slot, nothing new reserved;
+	//   - otherwise as AllowN; a rejection reserves the next free slot
+	//     when it lies within horizon (Reserved == true, RetryAfter = the
+	//     time to the slot), and reserves nothing beyond it (Reserved ==
+	//     false, RetryAfter = when it would fit). horizon 0 never
+	//     reserves.
+	//
+	// Errors are those of AllowN, and one wrapping ErrInvalidOption for a
+	// negative horizon.
+	AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (Decision, error)
+}
+
 // Algorithmer is implemented by limiters that name their algorithm, such as
 // "sliding_window_log" or "token_bucket". The Gate records the name as the
 // throttle.algorithm span attribute.

@@ -43,6 +43,7 @@ type gateConfig struct {
 	policy            FailurePolicy
 	degradedRetry     time.Duration
 	algorithmOverride string
+	horizon           time.Duration
 }
 
 // WithTracerProvider sets the provider of the decision spans. Nil means the
@@ -96,6 +97,23 @@ func WithDegradedRetryAfter(d time.Duration) Option {
 func WithAlgorithm(name string) Option {
 	return optionFunc(func(c *gateConfig) error {
 		c.algorithmOverride = name
+		return nil
+	})
+}
+
+// WithReservations makes Gate.AdmitID reserve, for a rejected request
+// that carries an id, its own future slot up to horizon ahead (see
+// IDLimiter): the message then goes back to the broker once, with exactly
+// the delay to its slot, and is admitted on its reservation when it comes
+// back. 0 (the default) reserves nothing; AdmitID is then still
+// idempotent. It applies only to limiters that implement IDLimiter; must
+// be >= 0.
+func WithReservations(horizon time.Duration) Option {
+	return optionFunc(func(c *gateConfig) error {
+		if horizon < 0 {
+			return &OptionError{Field: "WithReservations", Reason: fmt.Sprintf("horizon must be >= 0, got %v", horizon)}
+		}
+		c.horizon = horizon
 		return nil
 	})
 }

@@ -51,3 +51,25 @@ func TestMemoryConformanceSystemClock(t *testing.T) {
 		return l
 	})
 }
+
+func TestMemoryReservations(t *testing.T) {
+	throttletest.RunWindowReservations(t, func(t *testing.T, r throttle.Rate, _ int, c throttle.Clock) throttle.IDLimiter {
+		l, err := NewMemory(r, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisReservations(t *testing.T) {
+	srv := redistest.Shared(t)
+	client := srv.Client(t)
+	throttletest.RunWindowReservations(t, func(t *testing.T, r throttle.Rate, _ int, c throttle.Clock) throttle.IDLimiter {
+		l, err := NewRedis(client, r, WithClock(c), WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}

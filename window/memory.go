@@ -31,24 +31,9 @@ type Memory struct {
 
 type memoryShard struct {
 	mu      sync.Mutex
-	logs    map[string]*admissionLog
+	logs    map[string]*windowLog
 	sweepAt int64 // µs: next time the shard is swept for idle keys
 	_       [40]byte
-}
-
-// admissionLog is a ring of admissions, oldest first. Admissions at the
-// same microsecond share an entry.
-type admissionLog struct {
-	ring   []admission
-	head   int
-	size   int
-	count  int   // sum of n over the ring
-	newest int64 // µs of the newest admission ever made (also the clock floor)
-}
-
-type admission struct {
-	at int64 // µs since the Unix epoch
-	n  int
 }
 
 // NewMemory returns an in-process sliding window admitting r.Count per
@@ -68,7 +53,7 @@ func NewMemory(r throttle.Rate, opts ...Option) (*Memory, error) {
 		m.clock = throttle.SystemClock
 	}
 	for i := range m.shards {
-		m.shards[i].logs = make(map[string]*admissionLog)
+		m.shards[i].logs = make(map[string]*windowLog)
 	}
 	return m, nil
 }
@@ -84,12 +69,28 @@ func (m *Memory) Allow(ctx context.Context, key string) (throttle.Decision, erro
 	return m.AllowN(ctx, key, 1)
 }
 
-// AllowN admits n units for key if the last Per holds at most Count-n
-// admitted units, and records them at the current instant; otherwise it
-// rejects with the time until enough of the oldest admissions leave the
-// window. The only error wraps throttle.ErrInvalidCost, for n < 1 or
-// n > Count. ctx is unused.
+// AllowN admits n units for key if every window of Per that contains the
+// current instant holds at most Count-n units (admissions and
+// reservations), and records them at that instant; otherwise it rejects
+// with the time until they would fit. The only error wraps
+// throttle.ErrInvalidCost, for n < 1 or n > Count. ctx is unused.
 func (m *Memory) AllowN(_ context.Context, key string, n int) (throttle.Decision, error) {
+	return m.decide(key, n, "", false, 0)
+}
+
+// AllowID is AllowN for a request with identity id, reserving its own
+// future slot on a rejection when the slot lies within horizon (see
+// throttle.IDLimiter and the package documentation). Errors: one wrapping
+// throttle.ErrInvalidCost for n < 1 or n > Count, one wrapping
+// throttle.ErrInvalidOption for horizon < 0. ctx is unused.
+func (m *Memory) AllowID(_ context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	if horizon < 0 {
+		return throttle.Decision{}, errHorizon(horizon)
+	}
+	return m.decide(key, n, id, true, horizonMicros(horizon))
+}
+
+func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64) (throttle.Decision, error) {
 	if err := throttle.CheckCost(n, m.rate.Count); err != nil {
 		return throttle.Decision{}, err
 	}
@@ -102,10 +103,10 @@ func (m *Memory) AllowN(_ context.Context, key string, n int) (throttle.Decision
 	}
 	l := s.logs[key]
 	if l == nil {
-		l = &admissionLog{}
+		l = &windowLog{}
 		s.logs[key] = l
 	}
-	return l.allowN(now, n, m.rate.Count, m.window), nil
+	return l.decide(now, n, id, withID, horizon, m.rate.Count, m.window), nil
 }
 
 // Len reports how many keys the window holds state for.
@@ -122,59 +123,11 @@ func (m *Memory) Len() int {
 
 func (s *memoryShard) sweep(now, window int64) {
 	for k, l := range s.logs {
-		if l.newest+window <= now {
+		if l.newest()+window <= now {
 			delete(s.logs, k)
 		}
 	}
 	s.sweepAt = now + window
-}
-
-// allowN is the algorithm, at the instant now (µs).
-func (l *admissionLog) allowN(now int64, n, limit int, window int64) throttle.Decision {
-	now = max(now, l.newest)
-	for l.size > 0 && l.ring[l.head].at <= now-window {
-		l.count -= l.ring[l.head].n
-		l.head = (l.head + 1) % len(l.ring)
-		l.size--
-	}
-	d := throttle.Decision{Limit: limit, Source: throttle.SourceLocal}
-	if l.count+n <= limit {
-		l.push(now, n)
-		d.Allowed = true
-		d.Remaining = limit - l.count
-		d.ResetAfter = micros(window)
-		return d
-	}
-	need := l.count + n - limit // units that must leave the window first
-	at := l.ring[l.head].at
-	for i, left := 0, need; left > 0; i++ {
-		e := l.ring[(l.head+i)%len(l.ring)]
-		at, left = e.at, left-e.n
-	}
-	d.Remaining = limit - l.count
-	d.RetryAfter = micros(at + window - now)
-	d.ResetAfter = micros(l.newest + window - now)
-	return d
-}
-
-func (l *admissionLog) push(at int64, n int) {
-	l.count += n
-	l.newest = at
-	if l.size > 0 {
-		if last := &l.ring[(l.head+l.size-1)%len(l.ring)]; last.at == at {
-			last.n += n
-			return
-		}
-	}
-	if l.size == len(l.ring) {
-		grown := make([]admission, max(4, 2*len(l.ring)))
-		for i := 0; i < l.size; i++ {
-			grown[i] = l.ring[(l.head+i)%len(l.ring)]
-		}
-		l.ring, l.head = grown, 0
-	}
-	l.ring[(l.head+l.size)%len(l.ring)] = admission{at: at, n: n}
-	l.size++
 }
 
 // micros converts µs to a Duration rounded up to the millisecond.

@@ -99,3 +99,12 @@ func WithTimeout(d time.Duration) Option {
 		return nil
 	})
 }
+
+// errHorizon is the error of AllowID for a negative horizon.
+func errHorizon(h time.Duration) error {
+	return &throttle.OptionError{Field: "horizon", Reason: fmt.Sprintf("must be >= 0, got %v", h)}
+}
+
+// horizonMicros converts a reservation horizon to µs, rounded down (a slot
+// is reserved only if it lies within the horizon).
+func horizonMicros(h time.Duration) int64 { return int64(h / time.Microsecond) }

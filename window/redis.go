@@ -51,7 +51,6 @@ type Redis struct {
 	timeout  time.Duration  // per call
 	argWin   any            // precomputed ARGV strings, boxed once
 	argLimit any
-	argTTL   any
 	member   memberSource
 }
 
@@ -75,7 +74,6 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		return nil, err
 	}
 	window := r.PerMicros()
-	ttl := (window + 999) / 1000
 	l := &Redis{
 		client:   c,
 		rate:     r,
@@ -84,7 +82,6 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		timeout:  cfg.timeout,
 		argWin:   strconv.FormatInt(window, 10),
 		argLimit: strconv.Itoa(r.Count),
-		argTTL:   strconv.FormatInt(ttl, 10),
 	}
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
@@ -111,12 +108,13 @@ var argOne any = "1"
 // waits; for weights such as bytes, use a token bucket (package bucket).
 const MaxCost = 10_000
 
-// AllowN admits n units for key if the last Per holds at most Count-n
-// admitted units, and records them at the current instant (the Redis
-// server's TIME, or the WithClock clock); otherwise it rejects, adding
-// nothing, with a RetryAfter of the time until enough of the oldest
-// admissions leave the window, rounded up to the millisecond. An admission
-// at t counts during [t, t+Per).
+// AllowN admits n units for key if every window of Per that contains the
+// current instant (the Redis server's TIME, or the WithClock clock) holds
+// at most Count-n units, reservations included, and records them at that
+// instant; otherwise it rejects, adding nothing, with a RetryAfter of the
+// time until they would fit, rounded up to the millisecond. Without
+// reservations on the key that is the time until enough of the oldest
+// admissions leave the window. An admission at t counts during [t, t+Per).
 //
 // Every key is usable, including "" and binary or very long keys; see the
 // package documentation for how keys map to Redis keys.
@@ -127,6 +125,32 @@ const MaxCost = 10_000
 // "window: redis: ...", meaning the limiter could not decide.
 // The Decision's Source is throttle.SourceRedis.
 func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
+	return l.decide(ctx, key, n, l.member.next(), argAllowN)
+}
+
+// AllowID is AllowN for a request with identity id (opaque bytes, scoped
+// to key), as throttle.IDLimiter describes: an id admitted and still
+// counted is admitted again without a charge; a rejection reserves the
+// request's own slot, the earliest instant at which it fits in every
+// window, when that lies within horizon. Reservations are members of the
+// key's sorted set scored at their slot, so they count in every window
+// like admissions; see the package documentation. The same id should be
+// presented with the same n.
+//
+// Errors: those of AllowN, and one wrapping throttle.ErrInvalidOption for
+// horizon < 0, before any Redis call.
+func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	if horizon < 0 {
+		return throttle.Decision{}, errHorizon(horizon)
+	}
+	return l.decide(ctx, key, n, id, strconv.FormatInt(horizonMicros(horizon), 10))
+}
+
+// argAllowN is the horizon argument that tells window.lua the request has
+// no id.
+const argAllowN = "-1"
+
+func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon string) (throttle.Decision, error) {
 	if err := throttle.CheckCost(n, l.rate.Count); err != nil {
 		return throttle.Decision{}, err
 	}
@@ -141,12 +165,12 @@ func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decisio
 	}
 	var res any
 	var err error
-	keys := []string{l.key(key)}
+	k := l.key(key)
 	if l.clock == nil {
-		res, err = windowScript.Run(ctx, l.client, keys, l.argWin, l.argLimit, l.argTTL, argN, l.member.next()).Result()
+		res, err = windowScript.Run(ctx, l.client, []string{k}, l.argWin, l.argLimit, argN, member, horizon).Result()
 	} else {
 		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		res, err = windowScript.Run(ctx, l.client, keys, l.argWin, l.argLimit, l.argTTL, argN, l.member.next(), now).Result()
+		res, err = windowScript.Run(ctx, l.client, []string{k, k + floorSuffix}, l.argWin, l.argLimit, argN, member, horizon, now).Result()
 	}
 	if err != nil {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
@@ -154,16 +178,20 @@ func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decisio
 	return l.decision(res)
 }
 
+// floorSuffix names the clock-floor key beside a key's sorted set (after
+// its hash tag, so in the same slot; no sorted-set key ends with it).
+const floorSuffix = ":floor"
+
 var errReply = errors.New("window: redis: unexpected script reply")
 
 // decision converts the script's reply {allowed, remaining, retry µs,
-// reset µs}.
+// reset µs, reserved}.
 func (l *Redis) decision(res any) (throttle.Decision, error) {
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 4 {
+	if !ok || len(vals) != 5 {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
-	var v [4]int64
+	var v [5]int64
 	for i, x := range vals {
 		if v[i], ok = x.(int64); !ok {
 			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
@@ -173,13 +201,14 @@ func (l *Redis) decision(res any) (throttle.Decision, error) {
 		Allowed:    v[0] == 1,
 		Limit:      l.rate.Count,
 		Remaining:  int(max(v[1], 0)),
-		ResetAfter: micros(v[3]),
+		ResetAfter: micros(max(v[3], 0)),
 		Source:     throttle.SourceRedis,
 	}
 	if !d.Allowed {
-		// > 0 by construction (the k-th oldest is still inside the window);
-		// kept > 0 whatever the store says, as the Decision contract asks.
+		// > 0 by construction (the slot is after now); kept > 0 whatever
+		// the store says, as the Decision contract asks.
 		d.RetryAfter = max(micros(v[2]), time.Millisecond)
+		d.Reserved = v[4] == 1
 	}
 	return d, nil
 }

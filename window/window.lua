@@ -1,77 +1,238 @@
--- window.lua: one sliding-window-log decision, atomically.
+-- window.lua: one sliding-window-log decision with reservations, atomically.
+-- The twin of schedule.go (window.Memory): every rule here is the same.
 --
--- KEYS[1]  the key's sorted set: member = one admitted unit (an opaque
---          identity chosen by the caller), score = its admission time in
---          microseconds since the Unix epoch.
+-- KEYS[1]  the key's sorted set: one member per unit, scored by its
+--          instant in µs since the Unix epoch: admitted units at the
+--          instant they were admitted, reserved units at their future
+--          slot. A unit at t counts during [t, t+window).
+-- KEYS[2]  with a client clock (ARGV[6]) only: the key's clock floor, the
+--          newest admission instant (a string key in the same slot).
 -- ARGV[1]  window, µs (integer).
--- ARGV[2]  limit: the most units the window admits (integer >= 1).
--- ARGV[3]  key expiry after an admission, ms (the window rounded up).
--- ARGV[4]  n, the cost (1 <= n <= limit, checked by the caller).
--- ARGV[5]  member identity. n == 1 stores it as is; n > 1 stores
---          ARGV[5]..":1" .. ARGV[5]..":"..n.
--- ARGV[6]  optional: now, µs, from the client's clock. The script then
---          never moves time backwards: now is clamped to the newest score.
---          Absent: now is the server's TIME.
+-- ARGV[2]  limit: the most units any window may hold (integer >= 1).
+-- ARGV[3]  n, the cost (1 <= n <= limit, checked by the caller).
+-- ARGV[4]  AllowN: a member identity unique to this request; units are
+--          stored as ARGV[4] (n == 1) or ARGV[4]..":"..i.
+--          AllowID: the request's id; admitted units are stored as
+--          "A"..i..":"..id and reserved ones as "R"..i..":"..id, i = 1..n.
+-- ARGV[5]  -1 for AllowN; else AllowID's reservation horizon, µs (>= 0).
+-- ARGV[6]  optional: now, µs, from the client's clock, clamped to the
+--          floor so that admissions never move backwards. Absent: now is
+--          the server's TIME.
 --
--- An admission at t counts during [t, t+window): members with score
--- <= now - window are dropped first, the rest counted. Only an admission
--- adds members and renews the expiry; a rejection adds nothing.
+-- Units with score <= now - window are dropped first. Then, for AllowID:
+-- an id with admitted units is admitted again without a charge; an id with
+-- a future reservation is rejected with the time to it; an id whose slot
+-- has come is admitted now if the last window (now-window, now] leaves
+-- room (reservations made after it never delay it), else re-reserved where
+-- that window will. Otherwise n units are admitted now if that keeps every
+-- window containing now within limit, reservations included; else the
+-- earliest such instant is the slot (the tail of the schedule, or a gap
+-- within 3 windows before it), reserved for AllowID when it lies within
+-- the horizon. Every write extends the key's expiry to cover its newest
+-- unit (PEXPIRE GT: Redis 7.0 or newer).
 --
--- Returns {allowed (0|1), remaining, retry_after_us, reset_after_us}:
--- remaining = limit - counted units after the decision; retry_after_us =
--- 0 when admitted, else the k-th oldest counted score + window - now, with
--- k = count + n - limit; reset_after_us = newest score + window - now.
+-- Returns {allowed (0|1), remaining, retry_after_us, reset_after_us,
+-- reserved (0|1)}: remaining = limit - units held after the decision
+-- (reservations included), at least 0; retry_after_us = 0 when admitted,
+-- else the time to the slot; reset_after_us = newest unit + window - now.
 
 local key = KEYS[1]
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
-local n = tonumber(ARGV[4])
+local n = tonumber(ARGV[3])
+local base = ARGV[4]
+local horizon = tonumber(ARGV[5])
+local withID = horizon >= 0
+
 local now
 if ARGV[6] then
 	now = tonumber(ARGV[6])
-	local newest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
-	if newest then
-		newest = tonumber(newest)
-		if newest > now then
-			now = newest
-		end
+	local floor = tonumber(redis.call("GET", KEYS[2]))
+	if floor and floor > now then
+		now = floor
 	end
 else
 	local t = redis.call("TIME")
 	now = t[1] * 1000000 + t[2]
 end
 
--- Drop what has left the window (scores <= now - window), then count.
-local oldest = now - window
-redis.call("ZREMRANGEBYSCORE", key, "-inf", oldest)
+redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
 local count = redis.call("ZCARD", key)
 
-if count + n <= limit then
-	if n == 1 then
-		redis.call("ZADD", key, now, ARGV[5])
-	else
-		-- Batches keep unpack() well inside Lua's stack limit.
-		local args = {}
-		local i = 1
-		while i <= n do
-			local j = 0
-			while j < 500 and i <= n do
-				args[2 * j + 1] = now
-				args[2 * j + 2] = ARGV[5] .. ":" .. i
-				j = j + 1
-				i = i + 1
+-- Batches keep unpack() well inside Lua's stack limit.
+local function zadd(score, prefix)
+	local args = {}
+	local i = 1
+	while i <= n do
+		local j = 0
+		while j < 500 and i <= n do
+			args[2 * j + 1] = score
+			if prefix then
+				args[2 * j + 2] = prefix .. i .. ":" .. base
+			elseif n == 1 then
+				args[2 * j + 2] = base
+			else
+				args[2 * j + 2] = base .. ":" .. i
 			end
-			for m = 2 * j + 1, #args do
-				args[m] = nil
-			end
-			redis.call("ZADD", key, unpack(args))
+			j = j + 1
+			i = i + 1
 		end
+		for m = 2 * j + 1, #args do
+			args[m] = nil
+		end
+		redis.call("ZADD", key, unpack(args))
 	end
-	redis.call("PEXPIRE", key, ARGV[3])
-	return {1, limit - count - n, 0, window}
+	count = count + n
 end
 
-local k = count + n - limit
-local kth = redis.call("ZRANGE", key, k - 1, k - 1, "WITHSCORES")[2]
-local newest = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
-return {0, limit - count, tonumber(kth) + window - now, tonumber(newest) + window - now}
+-- expire makes the key live until its newest unit at score leaves the
+-- window; fresh: the key did not exist before this call wrote it.
+local function expire(score, fresh)
+	local ms = math.ceil((score + window - now) / 1000)
+	if fresh then
+		redis.call("PEXPIRE", key, ms)
+	else
+		redis.call("PEXPIRE", key, ms, "GT")
+	end
+end
+
+local function newest()
+	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
+	if top then
+		return tonumber(top)
+	end
+	return now
+end
+
+local function admit()
+	local fresh = count == 0
+	if withID then
+		zadd(now, "A")
+	else
+		zadd(now, nil)
+	end
+	expire(now, fresh)
+	if KEYS[2] then
+		redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
+	end
+	return {1, math.max(limit - count, 0), 0, newest() + window - now, 0}
+end
+
+local function reject(slot, reserve)
+	if reserve then
+		local fresh = count == 0
+		zadd(slot, "R")
+		expire(slot, fresh)
+	end
+	return {0, math.max(limit - count, 0), slot - now, newest() + window - now, reserve and 1 or 0}
+end
+
+-- excl is the exclusive score bound "(x" (string.format keeps every digit,
+-- where concatenation would print a µs instant in %.14g).
+local function excl(x)
+	return "(" .. string.format("%d", x)
+end
+
+-- kth returns the score of the k-th oldest unit after from (k >= 1).
+local function kth(from, k)
+	local s = redis.call("ZRANGE", key, excl(from), "+inf", "BYSCORE", "LIMIT", k - 1, 1, "WITHSCORES")[2]
+	if s then
+		return tonumber(s)
+	end
+	return newest()
+end
+
+if withID then
+	local s = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
+	if s[1] then
+		return {1, math.max(limit - count, 0), 0, newest() + window - now, 0}
+	end
+	if s[2] then
+		local slot = tonumber(s[2])
+		if slot > now then
+			return {0, math.max(limit - count, 0), slot - now, newest() + window - now, 1}
+		end
+		-- Its slot has come: judged on the last window alone.
+		local units = {}
+		for i = 1, n do
+			units[i] = "R" .. i .. ":" .. base
+		end
+		count = count - redis.call("ZREM", key, unpack(units))
+		local past = redis.call("ZCOUNT", key, excl(now - window), now)
+		if past + n <= limit then
+			return admit()
+		end
+		return reject(kth(now - window, past + n - limit) + window, true)
+	end
+end
+
+if count + n <= limit then
+	return admit()
+end
+
+-- The tail of the schedule always fits: after the k-th oldest unit leaves.
+local tail = math.max(now, kth(now - window, count + n - limit) + window)
+local slot = tail
+local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+if top > now then
+	-- Reservations ahead: look for a gap before the tail (firstFit in
+	-- schedule.go), within 3 windows. at[] holds every unit in range.
+	local stop = math.min(tail, now + 3 * window)
+	local raw = redis.call("ZRANGE", key, excl(now - window), excl(stop + window), "BYSCORE", "WITHSCORES")
+	local at = {}
+	for i = 2, #raw, 2 do
+		at[#at + 1] = tonumber(raw[i])
+	end
+	local len = #at
+	local room = limit - n
+	local lo, hi, sum = 1, 1, 0
+	local q, qlo, qhi, qsum = 1, 1, 1, 0
+	local s = now
+	slot = tail
+	while s < stop do
+		while hi <= len and at[hi] <= s do
+			sum = sum + 1
+			hi = hi + 1
+		end
+		while lo < hi and at[lo] <= s - window do
+			sum = sum - 1
+			lo = lo + 1
+		end
+		if q < hi then
+			q = hi
+		end
+		local bad = false
+		while q <= len and at[q] < s + window do
+			while qhi <= len and at[qhi] <= at[q] do
+				qsum = qsum + 1
+				qhi = qhi + 1
+			end
+			while qlo < qhi and at[qlo] <= at[q] - window do
+				qsum = qsum - 1
+				qlo = qlo + 1
+			end
+			if qsum > room then
+				bad = true
+				break
+			end
+			q = qhi
+		end
+		if sum <= room and not bad then
+			slot = s
+			break
+		end
+		local nxt = s + 1
+		if sum > room and at[lo] + window > nxt then
+			nxt = at[lo] + window
+		end
+		if bad and at[q] + 1 > nxt then
+			nxt = at[q] + 1
+		end
+		s = nxt
+	end
+end
+
+if slot == now then
+	return admit()
+end
+return reject(slot, withID and slot - now <= horizon)

@@ -1,0 +1,297 @@
+package window
+
+import (
+	"sort"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// This file is the sliding window log with reservations, in memory. It is
+// the reference for window.lua, which makes the same decisions on a Redis
+// sorted set: every rule here has its twin there.
+//
+// The log holds entries at instants (µs): admissions, at the instant they
+// were admitted, and reservations, at the future slot they hold. An entry
+// at t counts during [t, t+window). The limit holds when every window of
+// length window holds at most limit units, reservations included.
+
+// backfillWindows bounds how far ahead of now (in windows) a rejection
+// looks for a gap before the tail of the schedule: beyond it, the request
+// takes the tail slot, which always fits. It bounds the work of one
+// decision when the schedule is long (the Redis script reads every entry
+// it looks at).
+const backfillWindows = 3
+
+// entry is n units at instant at (µs); reserved entries hold a future
+// slot for id.
+type entry struct {
+	at       int64
+	n        int
+	id       string // with named: the request's identity (AllowID)
+	named    bool
+	reserved bool
+}
+
+// windowLog is one key's log: live entries es[head:], sorted by at
+// (admissions at the same instant in arrival order).
+type windowLog struct {
+	es    []entry
+	head  int
+	units int   // sum of n over the live entries
+	floor int64 // µs: the newest admission ever made, the clock floor
+	ids   map[string]int64
+}
+
+func (l *windowLog) live() []entry { return l.es[l.head:] }
+
+// newest returns the instant of the newest entry, or floor.
+func (l *windowLog) newest() int64 {
+	if len(l.es) > l.head {
+		return max(l.es[len(l.es)-1].at, l.floor)
+	}
+	return l.floor
+}
+
+// drop forgets the entries that left the window by now.
+func (l *windowLog) drop(now, window int64) {
+	for l.head < len(l.es) && l.es[l.head].at <= now-window {
+		e := &l.es[l.head]
+		l.units -= e.n
+		if e.named {
+			delete(l.ids, e.id)
+		}
+		*e = entry{}
+		l.head++
+	}
+	if l.head == len(l.es) {
+		l.es, l.head = l.es[:0], 0
+	}
+}
+
+// insert adds e at its place: after every entry at or before e.at.
+func (l *windowLog) insert(e entry) {
+	l.units += e.n
+	if e.named {
+		if l.ids == nil {
+			l.ids = make(map[string]int64)
+		}
+		l.ids[e.id] = e.at
+	}
+	live := l.live()
+	i := len(live)
+	if i > 0 && live[i-1].at > e.at {
+		i = sort.Search(len(live), func(j int) bool { return live[j].at > e.at })
+	} else if i > 0 && !e.named {
+		// Anonymous admissions at the same instant share an entry.
+		if last := &live[i-1]; last.at == e.at && !last.named && !last.reserved {
+			last.n += e.n
+			return
+		}
+	}
+	if len(l.es) == cap(l.es) && l.head > 0 {
+		// Reuse the room of dropped entries before growing.
+		n := copy(l.es, l.es[l.head:])
+		clear(l.es[n:])
+		l.es, l.head = l.es[:n], 0
+	}
+	i += l.head
+	l.es = append(l.es, entry{})
+	copy(l.es[i+1:], l.es[i:])
+	l.es[i] = e
+}
+
+// find returns the index in es of id's entry, or -1.
+func (l *windowLog) find(id string) int {
+	at, ok := l.ids[id]
+	if !ok {
+		return -1
+	}
+	live := l.live()
+	i := sort.Search(len(live), func(j int) bool { return live[j].at >= at })
+	for ; i < len(live) && live[i].at == at; i++ {
+		if live[i].named && live[i].id == id {
+			return l.head + i
+		}
+	}
+	return -1
+}
+
+// remove deletes the entry at index i of es.
+func (l *windowLog) remove(i int) {
+	e := l.es[i]
+	l.units -= e.n
+	if e.named {
+		delete(l.ids, e.id)
+	}
+	copy(l.es[i:], l.es[i+1:])
+	l.es[len(l.es)-1] = entry{}
+	l.es = l.es[:len(l.es)-1]
+}
+
+// unitsSince returns the units of the entries in (from, to].
+func (l *windowLog) unitsIn(from, to int64) int {
+	sum := 0
+	for _, e := range l.live() {
+		if e.at > to {
+			break
+		}
+		if e.at > from {
+			sum += e.n
+		}
+	}
+	return sum
+}
+
+// kthUnit returns the instant of the k-th oldest unit (k >= 1) among the
+// entries after from, or the newest instant if there are fewer.
+func (l *windowLog) kthUnit(from int64, k int) int64 {
+	at := l.newest()
+	for _, e := range l.live() {
+		if e.at <= from {
+			continue
+		}
+		if k -= e.n; k <= 0 {
+			return e.at
+		}
+	}
+	return at
+}
+
+// decide is the algorithm at the instant now (µs) for a request of cost n
+// with identity id (withID), reserving up to horizon µs ahead (0: never).
+// The caller has checked n and holds the key's lock.
+func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int64, limit int, window int64) throttle.Decision {
+	now = max(now, l.floor)
+	l.drop(now, window)
+	if withID {
+		if i := l.find(id); i >= 0 {
+			e := l.es[i]
+			switch {
+			case !e.reserved: // admitted and still counted: not charged again
+				return l.allowed(now, limit, window)
+			case e.at > now: // too early for its slot
+				return l.rejected(now, e.at, true, limit, window)
+			}
+			// Its slot has come: admitted now if the last window allows
+			// it. Reservations behind it do not delay it (they were made
+			// after it), so a late claim is judged on the past alone; if
+			// others came first, it is re-reserved where the last window
+			// will allow it.
+			l.remove(i)
+			if past := l.unitsIn(now-window, now); past+n > limit {
+				slot := l.kthUnit(now-window, past+n-limit) + window
+				l.insert(entry{at: slot, n: n, id: id, named: true, reserved: true})
+				return l.rejected(now, slot, true, limit, window)
+			}
+			return l.admit(now, n, id, true, limit, window)
+		}
+	}
+	slot := now
+	if l.units+n > limit {
+		slot = l.slot(now, n, limit, window)
+	}
+	if slot == now {
+		return l.admit(now, n, id, withID, limit, window)
+	}
+	if withID && slot-now <= horizon {
+		l.insert(entry{at: slot, n: n, id: id, named: true, reserved: true})
+		return l.rejected(now, slot, true, limit, window)
+	}
+	return l.rejected(now, slot, false, limit, window)
+}
+
+func (l *windowLog) admit(now int64, n int, id string, named bool, limit int, window int64) throttle.Decision {
+	l.insert(entry{at: now, n: n, id: id, named: named})
+	l.floor = now
+	return l.allowed(now, limit, window)
+}
+
+func (l *windowLog) allowed(now int64, limit int, window int64) throttle.Decision {
+	return throttle.Decision{
+		Allowed:    true,
+		Limit:      limit,
+		Remaining:  max(limit-l.units, 0),
+		ResetAfter: micros(l.newest() + window - now),
+		Source:     throttle.SourceLocal,
+	}
+}
+
+func (l *windowLog) rejected(now, slot int64, reserved bool, limit int, window int64) throttle.Decision {
+	return throttle.Decision{
+		Limit:      limit,
+		Remaining:  max(limit-l.units, 0),
+		RetryAfter: max(micros(slot-now), throttle.CeilMillisecond(1)),
+		ResetAfter: micros(l.newest() + window - now),
+		Source:     throttle.SourceLocal,
+		Reserved:   reserved,
+	}
+}
+
+// slot returns the earliest instant >= now at which n more units keep
+// every window within limit, reservations included: the tail of the
+// schedule, or a gap before it within backfillWindows.
+func (l *windowLog) slot(now int64, n, limit int, window int64) int64 {
+	tail := max(now, l.kthUnit(now-window, l.units+n-limit)+window)
+	if l.newest() <= now {
+		return tail // nothing ahead of now: the classic sliding window
+	}
+	return firstFit(l.live(), now, min(tail, now+backfillWindows*window), tail, n, limit, window)
+}
+
+// firstFit returns the earliest s in [from, end) at which n more units fit
+// among es (sorted by at), or tail if there is none. n units fit at s when
+// the window ending at s holds at most limit-n units, and so does every
+// window ending at an entry in (s, s+window): those are all the windows
+// that contain s.
+func firstFit(es []entry, from, end, tail int64, n, limit int, window int64) int64 {
+	room := limit - n
+	var (
+		lo, hi int // entries in (s-window, s] are es[lo:hi]
+		sum    int // their units
+		q      int // the next entry that may end a full window
+		qlo    int // entries in (es[q].at-window, es[q].at] start at qlo
+		qsum   int // units of es[qlo:qhi]
+		qhi    int
+	)
+	for s := from; s < end; {
+		for hi < len(es) && es[hi].at <= s {
+			sum += es[hi].n
+			hi++
+		}
+		for lo < hi && es[lo].at <= s-window {
+			sum -= es[lo].n
+			lo++
+		}
+		// The first entry after s that ends a window holding more than
+		// room, if it lies within (s, s+window).
+		q = max(q, hi)
+		bad := false
+		for q < len(es) && es[q].at < s+window {
+			for qhi < len(es) && es[qhi].at <= es[q].at {
+				qsum += es[qhi].n
+				qhi++
+			}
+			for qlo < qhi && es[qlo].at <= es[q].at-window {
+				qsum -= es[qlo].n
+				qlo++
+			}
+			if qsum > room {
+				bad = true
+				break
+			}
+			q = qhi
+		}
+		if sum <= room && !bad {
+			return s
+		}
+		next := s + 1
+		if sum > room {
+			next = max(next, es[lo].at+window) // the oldest unit must leave first
+		}
+		if bad {
+			next = max(next, es[q].at+1) // past the full window's end
+		}
+		s = next
+	}
+	return tail
+}
