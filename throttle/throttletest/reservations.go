@@ -58,7 +58,7 @@ var windowIDTables = []idTable{
 			{at: time.Second, id: "c", horizon: horizon5s, allowed: true},
 			{at: time.Second, id: "d", horizon: horizon5s, allowed: true},
 			{at: time.Second, id: "f", horizon: horizon5s, reserved: true, retryAfter: time.Second}, // behind e
-			{at: time.Second, reserved: false, retryAfter: 2 * time.Second},                      // AllowN waits for f too
+			{at: time.Second, reserved: false, retryAfter: 2 * time.Second},                         // AllowN waits for f too
 			{at: 2 * time.Second, id: "e", horizon: horizon5s, allowed: true},
 			{at: 2 * time.Second, id: "f", horizon: horizon5s, allowed: true},
 			{at: 2 * time.Second, id: "g", horizon: horizon5s, reserved: true, retryAfter: time.Second},
@@ -105,8 +105,8 @@ var windowIDTables = []idTable{
 			{at: 0, id: "e", horizon: horizon5s, reserved: true, retryAfter: 2 * time.Second},
 			{at: 0, id: "f", horizon: horizon5s, reserved: true, retryAfter: 2 * time.Second},
 			{at: time.Second, id: "d", horizon: horizon5s, allowed: true},
-			{at: 1200 * ms, id: "c", horizon: horizon5s, allowed: true},                                    // 200 ms late
-			{at: 2100 * ms, id: "e", horizon: horizon5s, reserved: true, retryAfter: 100 * ms},            // c counts until 2.2 s
+			{at: 1200 * ms, id: "c", horizon: horizon5s, allowed: true},                        // 200 ms late
+			{at: 2100 * ms, id: "e", horizon: horizon5s, reserved: true, retryAfter: 100 * ms}, // c counts until 2.2 s
 			{at: 2200 * ms, id: "e", horizon: horizon5s, allowed: true},
 			{at: 2200 * ms, id: "f", horizon: horizon5s, allowed: true},
 		},
@@ -143,8 +143,8 @@ var bucketIDTables = []idTable{
 			{at: 500 * ms, id: "c", horizon: horizon5s, allowed: true},
 			{at: time.Second, id: "d", horizon: horizon5s, allowed: true},
 			{at: time.Second, id: "f", horizon: horizon5s, reserved: true, retryAfter: time.Second},
-			{at: time.Second, retryAfter: time.Second}, // AllowN waits for the debt too
-			{at: 1600 * ms, id: "e", horizon: horizon5s, allowed: true},                      // late: runs on its tokens
+			{at: time.Second, retryAfter: time.Second},                  // AllowN waits for the debt too
+			{at: 1600 * ms, id: "e", horizon: horizon5s, allowed: true}, // late: runs on its tokens
 			{at: 2 * time.Second, id: "f", horizon: horizon5s, allowed: true},
 			{at: 2 * time.Second, id: "g", horizon: horizon5s, reserved: true, retryAfter: 500 * ms},
 		},
