@@ -313,3 +313,82 @@ func TestZeroGate(t *testing.T) {
 	require.ErrorIs(t, err, throttle.ErrInvalidOption)
 	require.False(t, d.Allowed)
 }
+
+// TestGateAdmitID checks that AdmitID decides by id with the Gate's
+// horizon: a rejection reserves its slot (counted as "reserved"), the same
+// id is admitted there, and an admitted id is not charged again; without
+// WithReservations nothing is reserved but ids stay idempotent.
+func TestGateAdmitID(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	lim, err := window.NewMemory(throttle.Rate{Count: 1, Per: time.Second}, window.WithClock(clock))
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	tel := newTelemetry(t)
+	g, err := throttle.NewGate(lim, append(tel.options(), throttle.WithReservations(5*time.Second))...)
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Second, g.Reservations())
+
+	d, err := g.AdmitID(ctx, "tenant", 1, "a")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = g.AdmitID(ctx, "tenant", 1, "a")
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "an admitted id is admitted again")
+	d, err = g.AdmitID(ctx, "tenant", 1, "b")
+	require.NoError(t, err)
+	require.True(t, d.Reserved)
+	require.Equal(t, time.Second, d.RetryAfter)
+	d, err = g.Admit(ctx, "tenant", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.False(t, d.Reserved, "Admit never reserves")
+	require.Equal(t, 2*time.Second, d.RetryAfter, "Admit waits behind b's reservation")
+	clock.Advance(time.Second)
+	d, err = g.AdmitID(ctx, "tenant", 1, "b")
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "b is admitted on its reservation")
+
+	require.Equal(t, map[string]int64{"admitted/local": 3, "reserved/local": 1, "rejected/local": 1}, tel.sums(t, throttle.DecisionsMetric))
+	spans := tel.spans.Ended()
+	require.Len(t, spans, 5)
+	require.True(t, spanAttrs(spans[2])[throttle.ReservedAttr].AsBool())
+	_, hasReserved := spanAttrs(spans[3])[throttle.ReservedAttr]
+	require.False(t, hasReserved, "Admit's spans carry no throttle.reserved")
+
+	t.Run("without reservations", func(t *testing.T) {
+		lim, err := window.NewMemory(throttle.Rate{Count: 1, Per: time.Second}, window.WithClock(clock))
+		require.NoError(t, err)
+		g, err := throttle.NewGate(lim)
+		require.NoError(t, err)
+		require.Zero(t, g.Reservations())
+		d, err := g.AdmitID(ctx, "tenant", 1, "a")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		d, err = g.AdmitID(ctx, "tenant", 1, "a")
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "ids are idempotent without reservations too")
+		d, err = g.AdmitID(ctx, "tenant", 1, "b")
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+		require.False(t, d.Reserved)
+	})
+	t.Run("a limiter without ids", func(t *testing.T) {
+		calls := 0
+		g, err := throttle.NewGate(throttle.LimiterFunc(func(context.Context, string, int) (throttle.Decision, error) {
+			calls++
+			return throttle.Decision{Allowed: true, Limit: 1}, nil
+		}), throttle.WithReservations(time.Second))
+		require.NoError(t, err)
+		require.Zero(t, g.Reservations(), "no IDLimiter: no reservations")
+		d, err := g.AdmitID(ctx, "tenant", 1, "a")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, 1, calls, "AdmitID falls back to AllowN")
+	})
+	t.Run("bad horizon", func(t *testing.T) {
+		_, err := throttle.NewGate(lim, throttle.WithReservations(-time.Second))
+		require.ErrorIs(t, err, throttle.ErrInvalidOption)
+		require.ErrorContains(t, err, "WithReservations")
+	})
+}

@@ -1,0 +1,158 @@
+package window
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+// fits reports, by brute force, whether n more units at s keep every
+// window [x, x+window) within limit.
+func fits(es []entry, s int64, n, limit int, window int64) bool {
+	for x := s - window + 1; x <= s; x++ {
+		units := n
+		for _, e := range es {
+			if e.at >= x && e.at < x+window {
+				units += e.n
+			}
+		}
+		if units > limit {
+			return false
+		}
+	}
+	return true
+}
+
+// TestFirstFitIsTheEarliestFit compares firstFit with a brute-force scan
+// on small random schedules (a window of 10 µs).
+func TestFirstFitIsTheEarliestFit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const window, limit = 10, 4
+	for round := range 3000 {
+		// A valid schedule: entries placed where they fit.
+		var es []entry
+		for range rng.IntN(12) {
+			at, n := rng.Int64N(50), 1+rng.IntN(3)
+			if fits(es, at, n, limit, window) {
+				l := windowLog{es: es}
+				l.insert(entry{at: at, n: n})
+				es = l.es
+			}
+		}
+		now, n := rng.Int64N(30), 1+rng.IntN(limit)
+		want := int64(-1)
+		for s := now; s < now+200; s++ {
+			if fits(es, s, n, limit, window) {
+				want = s
+				break
+			}
+		}
+		const far = 1 << 40
+		if got := firstFit(es, now, now+200, far, n, limit, window); got != want {
+			t.Fatalf("round %d: firstFit(now %d, n %d) over %v = %d, want %d", round, now, n, es, got, want)
+		}
+	}
+}
+
+// TestMemoryAndRedisDecideAlike replays random requests, with ids reused,
+// costs 1-3, horizons and late or early claims, on window.Memory and
+// window.Redis at the same instants: every decision must be the same, and
+// the admissions (each at the instant it was decided) must never put more
+// than Count units in any window.
+func TestMemoryAndRedisDecideAlike(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := throttle.Rate{Count: 5, Per: time.Second}
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			clock := throttletest.NewClock(throttletest.T0)
+			mem, err := NewMemory(r, WithClock(clock))
+			if err != nil {
+				t.Fatal(err)
+			}
+			red := newTestRedis(t, client, r, WithClock(clock))
+			ctx := context.Background()
+			type admission struct {
+				at time.Duration
+				n  int
+			}
+			var adm []admission
+			at := time.Duration(0)
+			costs := map[string]int{}
+			admittedAt := map[string]time.Duration{} // ids admitted, and when they were charged
+			reserved := map[string]bool{}
+			var pending []string // reserved ids, in order
+			var reservations, claims int
+			for i := range 400 {
+				at += time.Duration(rng.IntN(400_000)) * time.Microsecond
+				clock.Set(throttletest.T0.Add(at))
+				id := fmt.Sprint("job-", rng.IntN(60))
+				if len(pending) > 0 && rng.IntN(2) == 0 {
+					id = pending[rng.IntN(len(pending))] // a reserved one comes back, early, on time or late
+				}
+				if _, ok := costs[id]; !ok {
+					costs[id] = 1 + rng.IntN(3)
+				}
+				n := costs[id]
+				horizon := []time.Duration{0, 2 * time.Second, 5 * time.Second}[rng.IntN(3)]
+				var dm, dr throttle.Decision
+				var errM, errR error
+				anonymous := rng.IntN(5) == 0
+				if anonymous {
+					dm, errM = mem.AllowN(ctx, "k", n)
+					dr, errR = red.AllowN(ctx, "k", n)
+				} else {
+					dm, errM = mem.AllowID(ctx, "k", n, id, horizon)
+					dr, errR = red.AllowID(ctx, "k", n, id, horizon)
+				}
+				if errM != nil || errR != nil {
+					t.Fatalf("step %d: errors %v, %v", i, errM, errR)
+				}
+				dm.Source, dr.Source = 0, 0
+				if dm != dr {
+					t.Fatalf("step %d at %v (id %s, n %d, horizon %v):\n memory %+v\n redis  %+v", i, at, id, n, horizon, dm, dr)
+				}
+				switch {
+				case dm.Reserved:
+					reservations++
+					if !reserved[id] {
+						reserved[id] = true
+						pending = append(pending, id)
+					}
+				case dm.Allowed && !anonymous && reserved[id]:
+					claims++
+					delete(reserved, id)
+					pending = slices.DeleteFunc(pending, func(p string) bool { return p == id })
+				}
+				if last, ok := admittedAt[id]; dm.Allowed && (anonymous || !ok || at >= last+r.Per) {
+					// Charged (an id still counted is admitted again for free).
+					adm = append(adm, admission{at, n})
+					if !anonymous {
+						admittedAt[id] = at
+					}
+				}
+			}
+			if reservations < 30 || claims < 20 {
+				t.Fatalf("only %d reservations and %d claims: the replay does not exercise them", reservations, claims)
+			}
+			for i, a := range adm {
+				units := 0
+				for _, b := range adm[i:] {
+					if b.at < a.at+r.Per {
+						units += b.n
+					}
+				}
+				if units > r.Count {
+					t.Fatalf("%d units admitted in [%v, %v), limit %v", units, a.at, a.at+r.Per, r)
+				}
+			}
+		})
+	}
+}
