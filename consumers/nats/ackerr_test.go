@@ -87,8 +87,8 @@ func TestAckErrorsReported(t *testing.T) {
 
 	// Admitted, then rejected on its last delivery: held, heartbeats fail.
 	handled.Add(2)
-	h.Handle(&failingMsg{md: jetstream.MsgMetadata{NumDelivered: 1}, err: errBoom})
-	held := &failingMsg{md: jetstream.MsgMetadata{NumDelivered: 2}, err: errBoom}
+	h.Handle(&failingMsg{md: jetstream.MsgMetadata{NumDelivered: 1, Sequence: jetstream.SequencePair{Stream: 1}}, err: errBoom})
+	held := &failingMsg{md: jetstream.MsgMetadata{NumDelivered: 2, Sequence: jetstream.SequencePair{Stream: 2}}, err: errBoom}
 	h.Handle(held)
 	if h.Held() != 1 {
 		t.Fatalf("Held() = %d, want 1", h.Held())

@@ -22,6 +22,10 @@ const (
 	// HeldAttr (bool) is true when the message was held (see the package
 	// documentation) instead of NAKed.
 	HeldAttr = attribute.Key("throttle.held")
+	// WaitedAttr (bool) is true when the message waited in process for a
+	// reserved slot at most WithMaxWait ahead (see the package
+	// documentation).
+	WaitedAttr = attribute.Key("throttle.waited")
 )
 
 // Values of DispositionAttr.

@@ -52,6 +52,7 @@ type Handler struct {
 	stopped sync.Once
 
 	held       atomic.Int64 // messages in the hold loop
+	waiting    atomic.Int64 // messages waiting in process for a near slot
 	heartbeats atomic.Int64 // InProgress sent for held messages
 }
 
@@ -155,6 +156,10 @@ func (h *Handler) stall(ctx context.Context, msg jetstream.Msg, every time.Durat
 // delivery and waiting on their own goroutine for their retry-after.
 func (h *Handler) Held() int { return int(h.held.Load()) }
 
+// Waiting returns how many messages wait in process right now for a
+// reserved slot at most WithMaxWait ahead.
+func (h *Handler) Waiting() int { return int(h.waiting.Load()) }
+
 // Handle gates one message; it is a jetstream.MessageHandler. It decides
 // on the calling goroutine, waiting at most the decision timeout for the
 // Gate, and returns once the message is handled, NAKed, terminated, or
@@ -177,14 +182,48 @@ func (h *Handler) Handle(msg jetstream.Msg) {
 		span.End()
 		return
 	}
-	d, err := h.admit(ctx, key, cost)
-	retry, done := h.decided(ctx, span, msg, d, err)
+	h.decide(ctx, span, &request{msg: msg, key: key, cost: cost, id: requestID(msg)})
+}
+
+// request is a message being decided, with its key, cost and identity.
+type request struct {
+	msg   jetstream.Msg
+	key   string
+	cost  int
+	id    string // "" when the message has no metadata
+	waits int    // in-process waits for a slot so far (see wait)
+}
+
+// requestID is the identity the Gate decides msg by: its stream and
+// stream sequence, the same on every delivery and for every consumer of
+// the stream, or "" without metadata.
+func requestID(msg jetstream.Msg) string {
+	md, err := msg.Metadata()
+	if err != nil {
+		return ""
+	}
+	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10)
+}
+
+// decide makes one decision for r and acts on it: runs the handler,
+// terminates, NAKs, or hands the message to a goroutine that waits for a
+// near slot or holds it on its last delivery. It ends span unless a
+// goroutine took the message.
+func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
+	d, err := h.admit(ctx, r)
+	retry, done := h.decided(ctx, span, r.msg, d, err)
 	if done {
 		span.End()
 		return
 	}
-	if !h.lastDelivery(msg) {
-		h.nak(ctx, span, msg, retry, true)
+	if d.Reserved && retry <= h.cfg.maxWait && h.startWait(r) {
+		go h.wait(ctx, span, r, retry)
+		return
+	}
+	if !h.lastDelivery(r.msg) {
+		// A reserved slot is the message's own: exactly its delay, no
+		// jitter (the herd a jitter spreads is already spread).
+		h.nak(ctx, span, r.msg, retry, !d.Reserved)
 		span.End()
 		return
 	}
@@ -194,7 +233,7 @@ func (h *Handler) Handle(msg jetstream.Msg) {
 	h.mu.Lock()
 	if h.closing {
 		h.mu.Unlock()
-		h.abandon(ctx, span, msg)
+		h.abandon(ctx, span, r.msg)
 		span.End()
 		return
 	}
@@ -203,7 +242,48 @@ func (h *Handler) Handle(msg jetstream.Msg) {
 	h.held.Add(1)
 	h.mu.Unlock()
 	d.RetryAfter = retry
-	go h.hold(ctx, span, msg, key, cost, d)
+	go h.hold(ctx, span, r, d)
+}
+
+// maxWaits bounds the in-process waits of one delivery, so that a message
+// whose slot keeps moving goes back to the broker instead.
+const maxWaits = 4
+
+// startWait registers a goroutine that waits in process for r's slot. It
+// reports false when the Handler is closing or r has waited maxWaits
+// times on this delivery.
+func (h *Handler) startWait(r *request) bool {
+	if r.waits >= maxWaits {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		return false
+	}
+	r.waits++
+	h.wg.Add(1)
+	h.waiting.Add(1)
+	return true
+}
+
+// wait sleeps until r's reserved slot, a few milliseconds ahead, and
+// decides again; Close cutting it short NAKs the message to its slot.
+func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.Duration) {
+	defer h.wg.Done()
+	defer h.waiting.Add(-1)
+	span.SetAttributes(WaitedAttr.Bool(true))
+	timer := time.NewTimer(d)
+	start := time.Now()
+	select {
+	case <-timer.C:
+	case <-h.stop:
+		timer.Stop()
+		h.nak(ctx, span, r.msg, max(d-time.Since(start), time.Millisecond), false)
+		span.End()
+		return
+	}
+	h.decide(ctx, span, r)
 }
 
 // decided handles an admission, a usage error or a never-admissible
@@ -249,11 +329,15 @@ func (h *Handler) lastDelivery(msg jetstream.Msg) bool {
 	return err == nil && md.NumDelivered >= uint64(h.cfg.maxDeliver)
 }
 
-// admit asks the Gate, bounded by the decision timeout.
-func (h *Handler) admit(ctx context.Context, key string, cost int) (throttle.Decision, error) {
+// admit asks the Gate for r, by its id when it has one, bounded by the
+// decision timeout.
+func (h *Handler) admit(ctx context.Context, r *request) (throttle.Decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.decision)
 	defer cancel()
-	return h.gate.Admit(ctx, key, cost)
+	if r.id == "" {
+		return h.gate.Admit(ctx, r.key, r.cost)
+	}
+	return h.gate.AdmitID(ctx, r.key, r.cost, r.id)
 }
 
 // request derives the key and cost of msg.
@@ -275,7 +359,8 @@ func (h *Handler) request(msg jetstream.Msg) (string, int, error) {
 // InProgress heartbeats, and asks the Gate again each time its retry-after
 // has passed, until it is admitted (then runs the wrapped handler), can
 // never be admitted (Term), or Close gives up (left unacknowledged).
-func (h *Handler) hold(ctx context.Context, span trace.Span, msg jetstream.Msg, key string, cost int, d throttle.Decision) {
+func (h *Handler) hold(ctx context.Context, span trace.Span, r *request, d throttle.Decision) {
+	msg := r.msg
 	defer h.wg.Done()
 	defer span.End()
 	span.SetAttributes(HeldAttr.Bool(true))
@@ -326,7 +411,7 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, msg jetstream.Msg, 
 			// heartbeat may come later than usual because of it.
 			beat()
 		}
-		d, err := h.admit(ctx, key, cost)
+		d, err := h.admit(ctx, r)
 		if err == nil && d.Allowed {
 			// Give the wrapped handler a full AckWait.
 			beat()

@@ -546,6 +546,16 @@ func (l *instantsLimiter) AllowN(ctx context.Context, key string, n int) (thrott
 	return d, err
 }
 
+func (l *instantsLimiter) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d, err := l.Memory.AllowID(ctx, key, n, id, horizon)
+	if err == nil && d.Allowed {
+		l.admits = append(l.admits, l.last)
+	}
+	return d, err
+}
+
 func (l *instantsLimiter) admitted() []time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()

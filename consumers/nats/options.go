@@ -31,6 +31,9 @@ const (
 	// configuration sends InProgress for the messages it holds when the
 	// consumer's AckWait is not known (see NewHandler).
 	configErrorHeartbeat = time.Second
+	// DefaultMaxWait is how close a reserved slot must be for the message
+	// to wait for it in process instead of a NAK (see WithMaxWait).
+	DefaultMaxWait = 50 * time.Millisecond
 	// minHeartbeat is the shortest interval between InProgress heartbeats,
 	// and the shortest default decision timeout.
 	minHeartbeat = 10 * time.Millisecond
@@ -55,6 +58,7 @@ type config struct {
 	consumerKnown  bool          // WithConsumerConfig or WithConsumer applied
 	jitterFraction float64
 	jitterMax      time.Duration
+	maxWait        time.Duration // < 0: not set, the default applies
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
 	onError        func(jetstream.Msg, error)
@@ -72,6 +76,7 @@ func newConfig(opts []Option) (config, error) {
 		ackWait:        DefaultAckWait,
 		jitterFraction: DefaultJitterFraction,
 		jitterMax:      DefaultJitterMax,
+		maxWait:        -1,
 	}
 	var first error
 	for _, o := range opts {
@@ -85,6 +90,12 @@ func newConfig(opts []Option) (config, error) {
 	if first == nil && c.decision >= c.shortestAckWait() {
 		first = &throttle.OptionError{Field: "WithDecisionTimeout",
 			Reason: fmt.Sprintf("%v must be below the consumer's shortest ack wait %v (AckWait and BackOff)", c.decision, c.shortestAckWait())}
+	}
+	if c.maxWait < 0 {
+		c.maxWait = min(DefaultMaxWait, c.shortestAckWait()/10)
+	} else if first == nil && c.maxWait >= c.shortestAckWait()/2 {
+		first = &throttle.OptionError{Field: "WithMaxWait",
+			Reason: fmt.Sprintf("%v must be below half the consumer's shortest ack wait %v", c.maxWait, c.shortestAckWait())}
 	}
 	if c.tracerProvider == nil {
 		c.tracerProvider = otel.GetTracerProvider()
@@ -268,6 +279,24 @@ func WithJitter(fraction float64, maxJitter time.Duration) Option {
 			return &throttle.OptionError{Field: "WithJitter.maxJitter", Reason: fmt.Sprintf("must be >= 0, got %v", maxJitter)}
 		}
 		c.jitterFraction, c.jitterMax = fraction, maxJitter
+		return nil
+	})
+}
+
+// WithMaxWait sets how close a reserved slot (a rejection with
+// Decision.Reserved, see throttle.WithReservations) must be for the message
+// to wait for it in process, on a goroutine of its own, instead of being
+// NAKed to it: a NAK costs a delivery and a round trip through the server,
+// which is more than a wait of a few milliseconds. Default DefaultMaxWait
+// (50 ms), or a tenth of the consumer's shortest ack wait if that is
+// shorter; 0 NAKs every reserved rejection; it must be >= 0 and below half
+// the consumer's shortest ack wait.
+func WithMaxWait(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < 0 {
+			return &throttle.OptionError{Field: "WithMaxWait", Reason: fmt.Sprintf("must be >= 0, got %v", d)}
+		}
+		c.maxWait = d
 		return nil
 	})
 }

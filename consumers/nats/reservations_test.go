@@ -1,0 +1,93 @@
+package natsthrottle
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// nakCounter counts the NAKs of the messages it wraps, by stream sequence.
+type nakCounter struct {
+	mu   sync.Mutex
+	naks map[uint64]int
+	all  atomic.Int64
+}
+
+type countedMsg struct {
+	jetstream.Msg
+	c *nakCounter
+}
+
+func (m countedMsg) NakWithDelay(d time.Duration) error {
+	if md, err := m.Metadata(); err == nil {
+		m.c.mu.Lock()
+		m.c.naks[md.Sequence.Stream]++
+		m.c.mu.Unlock()
+	}
+	m.c.all.Add(1)
+	return m.Msg.NakWithDelay(d)
+}
+
+// TestReservationsNakOnce: a burst of 30 messages on one key at 10 per
+// 300 ms, with reservations: each message that must wait is NAKed once, to
+// its own slot, none is NAKed twice, every message is handled exactly
+// once, and the limiter's admissions hold the limit.
+func TestReservationsNakOnce(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumer(t, jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: 5 * time.Second})
+	const total, limit = 30, 10
+	r := throttle.Rate{Count: limit, Per: 300 * time.Millisecond}
+	lim := newInstantsLimiter(t, r)
+	g, err := throttle.NewGate(lim, throttle.WithReservations(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	var reported errs
+	h := newHandler(t, rec.handle, g, WithErrorHandler(reported.handle),
+		WithConsumerConfig(jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: 5 * time.Second}))
+	for i := range total {
+		e.publish(t, "jobs.burst", strconv.Itoa(i), nil)
+	}
+	naks := &nakCounter{naks: map[uint64]int{}}
+	consume(t, c, func(m jetstream.Msg) { h.Handle(countedMsg{Msg: m, c: naks}) })
+	waitFor(t, 10*time.Second, "30 handled messages", func() bool { return rec.len() >= total })
+	time.Sleep(200 * time.Millisecond) // room for a duplicate to show up
+
+	seen := map[uint64]int{}
+	for _, rc := range rec.records() {
+		seen[rc.seq]++
+	}
+	for seq := uint64(1); seq <= total; seq++ {
+		if seen[seq] != 1 {
+			t.Errorf("stream sequence %d handled %d times, want 1", seq, seen[seq])
+		}
+	}
+	naks.mu.Lock()
+	defer naks.mu.Unlock()
+	for seq, n := range naks.naks {
+		if n > 1 {
+			t.Errorf("stream sequence %d NAKed %d times, want at most once (to its reserved slot)", seq, n)
+		}
+	}
+	// 10 are admitted on arrival; the other 20 wait, each NAKed once (or
+	// waiting in process when its slot is a few ms away).
+	if n := naks.all.Load(); n > total-limit {
+		t.Errorf("%d NAKs, want at most %d", n, total-limit)
+	}
+	if n := maxInWindow(lim.admitted(), r.Per); n > limit {
+		t.Errorf("%d admissions within %v, want <= %d", n, r.Per, limit)
+	}
+	if h.Held() != 0 {
+		t.Errorf("Held() = %d, want 0", h.Held())
+	}
+	if errs := reported.all(); len(errs) > 0 {
+		t.Errorf("error handler got %d errors, first %v", len(errs), errs[0])
+	}
+}
