@@ -62,16 +62,18 @@
 // including "" and binary), score = the end of its lease in microseconds
 // since the Unix epoch. One Lua script per call (slots.lua, run with
 // EVALSHA and reloaded on NOSCRIPT) drops the members with score <= now,
-// then acquires, renews or releases, and sets the key to expire when its
-// last lease ends (PEXPIREAT, rounded up to the millisecond), or deletes
-// it when no slot is held: nothing is left behind after the last lease.
+// then acquires, renews or releases; whenever the set changes, the key is
+// set to expire when its last lease ends (PEXPIREAT, rounded up to the
+// millisecond). Redis deletes a sorted set left empty by the last
+// Release, and the expiry deletes a key whose leases have all ended:
+// nothing is left behind after the last lease. A rejection adds nothing.
 // The instant is the Redis server's TIME, so every worker shares one
 // clock, unless [WithClock] is given: then the client's time is sent, and
 // the script keeps the latest instant used on the key in a second key (the
-// key's Redis key + ":clock", expiring with it) and clamps later calls to
-// it, so stored time never moves backwards; the expiry is then a PEXPIRE
-// of the time left plus 1 ms, since the client's clock is not the
-// server's.
+// key's Redis key + ":clock", in the same slot, expiring with it) and
+// clamps later calls to it, so stored time never moves backwards; the
+// expiry is then a PEXPIRE of the time left plus 1 ms, since the client's
+// clock is not the server's.
 //
 // # Keys
 //

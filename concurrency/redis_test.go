@@ -238,6 +238,25 @@ func TestRedisLeaseEnds(t *testing.T) {
 	if d, err := l.Acquire(ctx, "short", "next", time.Second); err != nil || !d.Allowed {
 		t.Fatalf("Acquire(next) after the lease ended = %+v, %v; want admitted", d, err)
 	}
+
+	// Releasing the last live slot of a key whose other holder's lease
+	// ended deletes the key at once.
+	l2 := newTestRedis(t, client, 2)
+	for _, h := range []struct {
+		id    string
+		lease time.Duration
+	}{{"dead", 100 * time.Millisecond}, {"live", time.Minute}} {
+		if d, err := l2.Acquire(ctx, "mixed", h.id, h.lease); err != nil || !d.Allowed {
+			t.Fatalf("Acquire(%s) = %+v, %v", h.id, d, err)
+		}
+	}
+	time.Sleep(110 * time.Millisecond)
+	if err := l2.Release(ctx, "mixed", "live"); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.Exists(ctx, l2.key("mixed")).Val(); n != 0 {
+		t.Fatal("the key outlived its last live lease's Release")
+	}
 }
 
 func TestRedisNoScript(t *testing.T) {

@@ -9,84 +9,97 @@
 -- ARGV[2]  the id.
 -- ARGV[3]  lease, µs (integer >= 1, checked by the caller; release
 --          ignores it).
--- ARGV[4]  limit: the most ids holding a slot at once (integer >= 1).
+-- ARGV[4]  limit: the most ids holding a slot at once (integer >= 1;
+--          only acquire reads it).
 -- ARGV[5]  optional: now, µs, from the client's clock. It is clamped to
 --          KEYS[2] so that stored time never moves backwards, and KEYS[2]
 --          is set to it. Absent: now is the server's TIME.
 --
--- A lease ending at e is held during [.., e) and free at e: members with
--- score <= now are dropped first. Then:
+-- A lease ending at e is held until e and free at e: acquire and renew
+-- first drop the members with score <= now. Then:
 --   acquire: an id already holding a slot gets its lease renewed to end at
 --            now + lease and is admitted without taking another slot;
 --            otherwise it is admitted, with a lease ending at now + lease,
 --            if fewer than limit ids hold a slot, else rejected (nothing
 --            added).
 --   renew:   an id holding a slot gets its lease renewed to end at
---            now + lease; an id holding none is left out.
+--            now + lease; an id holding none changes nothing.
 --   release: the id's slot, if any, is freed.
--- Afterwards the key expires when its last lease ends (rounded up to the
--- ms: PEXPIREAT on the server clock; with a client clock, PEXPIRE of the
--- time left plus 1 ms, since the two clocks may differ), or is deleted
--- with KEYS[2] if no lease is left. KEYS[2] expires with KEYS[1].
+-- Whenever the set changes, the key is set to expire when its last lease
+-- ends (PEXPIREAT, rounded up to the ms, on the server clock; with a
+-- client clock, PEXPIRE of the time left rounded up plus 1 ms, since the
+-- two clocks may differ, and KEYS[2] expires with it). Redis deletes a
+-- sorted set left empty; KEYS[2] is then deleted too. With the server
+-- clock, release needs no now: a key left holding only ended leases gets
+-- an expiry in the past, which deletes it.
 --
 -- Returns {result, holders, first_us, last_us}: result = 1 if admitted
--- (acquire), or if the id held a slot (renew, release), else 0; holders =
--- ids holding a slot after the call; first_us and last_us = the earliest
--- and the latest lease end - now (first_us only for a rejected acquire,
--- else 0; both 0 when no slot is held).
+-- (acquire), or if the id held a slot (renew, release), else 0. For
+-- acquire: holders = ids holding a slot after the call; first_us and
+-- last_us = the earliest and the latest lease end - now (first_us only
+-- for a rejection, else 0). Renew and release return 0 for the three.
 
 local key = KEYS[1]
 local mode = ARGV[1]
 local id = ARGV[2]
+local clocked = ARGV[5]
 local now
-if ARGV[5] then
+if clocked then
 	now = tonumber(ARGV[5])
 	local floor = tonumber(redis.call("GET", KEYS[2]))
 	if floor and floor > now then
 		now = floor
 	end
-else
+elseif mode ~= "release" then
 	local t = redis.call("TIME")
 	now = t[1] * 1000000 + t[2]
 end
+if now then
+	redis.call("ZREMRANGEBYSCORE", key, "-inf", now)
+end
 
-redis.call("ZREMRANGEBYSCORE", key, "-inf", now)
-
-local holders = redis.call("ZCARD", key)
 local result = 0
+local holders = 0
 if mode == "release" then
 	result = redis.call("ZREM", key, id)
-	holders = holders - result
 else
 	local held = redis.call("ZSCORE", key, id)
-	if held or (mode == "acquire" and holders < tonumber(ARGV[4])) then
-		redis.call("ZADD", key, now + tonumber(ARGV[3]), id)
-		result = 1
-		if not held then
+	if mode == "acquire" then
+		holders = redis.call("ZCARD", key)
+		if not held and holders < tonumber(ARGV[4]) then
+			held = true
 			holders = holders + 1
 		end
 	end
+	if held then
+		redis.call("ZADD", key, now + tonumber(ARGV[3]), id)
+		result = 1
+	end
 end
 
-if holders == 0 then
-	redis.call("DEL", key)
-	if ARGV[5] then
+if mode ~= "acquire" and result == 0 and not clocked then
+	return {0, 0, 0, 0}
+end
+local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
+if not top then
+	if clocked then
 		redis.call("DEL", KEYS[2])
 	end
 	return {result, 0, 0, 0}
 end
-
-local last = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
-if ARGV[5] then
+local last = tonumber(top)
+if clocked then
 	local ttl = math.ceil((last - now) / 1000) + 1
 	redis.call("PEXPIRE", key, ttl)
 	redis.call("SET", KEYS[2], now, "PX", ttl)
-else
+elseif result == 1 then
 	redis.call("PEXPIREAT", key, math.ceil(last / 1000))
 end
-
-local first = 0
-if result == 0 and mode == "acquire" then
-	first = tonumber(redis.call("ZRANGE", key, 0, 0, "WITHSCORES")[2]) - now
+if mode ~= "acquire" then
+	return {result, 0, 0, 0}
 end
-return {result, holders, first, last - now}
+if result == 1 then
+	return {1, holders, 0, last - now}
+end
+local first = tonumber(redis.call("ZRANGE", key, 0, 0, "WITHSCORES")[2])
+return {0, holders, first - now, last - now}
