@@ -201,6 +201,7 @@ func (s *memoryShard) tidy(key string, set *slotSet) {
 func (s *memoryShard) sweep(now int64) {
 	for k, set := range s.sets {
 		if _, last := set.bounds(); last <= now {
+			clear(set.holders) // drop the ids for the garbage collector
 			set.holders = set.holders[:0]
 			s.tidy(k, set)
 		}

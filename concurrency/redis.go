@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,6 +59,24 @@ type Redis struct {
 	clock    throttle.Clock // nil: Redis TIME
 	timeout  time.Duration  // per call
 	argLimit any            // limit as an ARGV string, boxed once
+	lastArg  atomic.Pointer[leaseArg]
+}
+
+// leaseArg is a lease in µs and its ARGV string, boxed: callers mostly
+// pass one lease, so the last one is kept for reuse.
+type leaseArg struct {
+	us  int64
+	arg any
+}
+
+// leaseArg returns the ARGV string of a lease of us µs.
+func (l *Redis) leaseArg(us int64) any {
+	if a := l.lastArg.Load(); a != nil && a.us == us {
+		return a.arg
+	}
+	a := &leaseArg{us: us, arg: strconv.FormatInt(us, 10)}
+	l.lastArg.Store(a)
+	return a.arg
 }
 
 // NewRedis returns an in-flight limit of limit slots per key, stored in c
@@ -115,7 +134,7 @@ func (l *Redis) Acquire(ctx context.Context, key, id string, lease time.Duration
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	v, err := l.run(ctx, key, modeAcquire, id, strconv.FormatInt(us, 10))
+	v, err := l.run(ctx, key, modeAcquire, id, l.leaseArg(us))
 	if err != nil {
 		return throttle.Decision{}, err
 	}
@@ -133,7 +152,7 @@ func (l *Redis) Renew(ctx context.Context, key, id string, lease time.Duration) 
 	if err != nil {
 		return err
 	}
-	v, err := l.run(ctx, key, modeRenew, id, strconv.FormatInt(us, 10))
+	v, err := l.run(ctx, key, modeRenew, id, l.leaseArg(us))
 	if err != nil {
 		return err
 	}
