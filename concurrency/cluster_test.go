@@ -33,7 +33,11 @@ func TestCluster(t *testing.T) {
 	keys := clusterKeys(300)
 	masters := map[int]int{}
 	for _, k := range keys {
-		masters[c.MasterFor(rediskey.Key(defaultPrefix, k))]++
+		rk := rediskey.Key(defaultPrefix, k)
+		masters[c.MasterFor(rk)]++
+		if rediskey.Slot(rk) != rediskey.Slot(rk+clockSuffix) {
+			t.Fatalf("key %.40q: the clock floor is not in the key's slot", k)
+		}
 	}
 	if len(masters) != len(c.Addrs()) {
 		t.Fatalf("keys on %d masters only: %v", len(masters), masters)

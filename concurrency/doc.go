@@ -61,10 +61,10 @@
 // Each key is one sorted set: member = the id, as given (any bytes,
 // including "" and binary), score = the end of its lease in microseconds
 // since the Unix epoch. One Lua script per call (slots.lua, run with
-// EVALSHA and reloaded on NOSCRIPT) drops the members with score <= now,
-// then acquires, renews or releases; whenever the set changes, the key is
-// set to expire when its last lease ends (PEXPIREAT, rounded up to the
-// millisecond). Redis deletes a sorted set left empty by the last
+// EVALSHA and reloaded on NOSCRIPT) acquires, renews or releases, after
+// dropping the members with score <= now; whenever the set changes, the
+// key is set to expire when its last lease ends (PEXPIREAT, rounded up to
+// the millisecond). Redis deletes a sorted set left empty by the last
 // Release, and the expiry deletes a key whose leases have all ended:
 // nothing is left behind after the last lease. A rejection adds nothing.
 // The instant is the Redis server's TIME, so every worker shares one
@@ -73,7 +73,9 @@
 // key's Redis key + ":clock", in the same slot, expiring with it) and
 // clamps later calls to it, so stored time never moves backwards; the
 // expiry is then a PEXPIRE of the time left plus 1 ms, since the client's
-// clock is not the server's.
+// clock is not the server's. The expiry runs on the server's clock either
+// way, so a client clock must keep real speed (a test clock that stands
+// still for longer than a lease sees the key expire).
 //
 // # Keys
 //

@@ -60,7 +60,7 @@ type holder struct {
 
 // NewMemory returns an in-process in-flight limit of limit slots per key.
 // Options: WithClock (default the system clock); WithPrefix and
-// WithTimeout are accepted and ignored. Errors wrap
+// WithTimeout are validated and otherwise ignored. Errors wrap
 // throttle.ErrInvalidOption and name the field ("limit" for a limit < 1).
 func NewMemory(limit int, opts ...Option) (*Memory, error) {
 	if err := checkLimit(limit); err != nil {

@@ -52,7 +52,9 @@ func newConfig(opts []Option) (config, error) {
 // Redis, the server's TIME (so every worker shares one clock); for Memory,
 // the system clock. With a client clock, the Redis script never moves a
 // key's stored time backwards: a call whose clock reads earlier than the
-// latest call on the key is decided at that latest instant. Nil is ignored.
+// latest call on the key is decided at that latest instant. Redis still
+// expires keys on its own clock, a lease after the call, so the clock
+// must keep real speed. Nil is ignored.
 func WithClock(c throttle.Clock) Option {
 	return optionFunc(func(cfg *config) error {
 		if c != nil {
