@@ -97,11 +97,16 @@ var conformance = []struct {
 		{at: 0, op: acquire, id: "b", lease: time.Minute, want: admit(1, time.Minute)},
 		{at: 0, op: acquire, id: "a", lease: time.Minute, want: admit(0, time.Minute)},
 	}},
+	// b's long lease comes first, so that the Redis key never expires
+	// during the steps (its expiry runs on the server's real clock).
 	{"durations round up to the ms", []step{
-		{at: 0, op: acquire, id: "a", lease: 1500 * us, want: admit(1, 2*ms)},
-		{at: 0, op: acquire, id: "b", lease: time.Nanosecond, want: admit(0, 2*ms)}, // 1 µs
-		{at: 0, op: acquire, id: "c", lease: time.Second, want: reject(ms, 2*ms)},
-		{at: us, op: acquire, id: "c", lease: time.Second, want: admit(0, time.Second)},
+		{at: 0, op: acquire, id: "b", lease: time.Minute, want: admit(1, time.Minute)},
+		{at: 0, op: acquire, id: "a", lease: 1500 * us, want: admit(0, time.Minute)},
+		{at: 0, op: acquire, id: "c", lease: time.Second, want: reject(2*ms, time.Minute)},
+		{at: 1499 * us, op: acquire, id: "c", lease: time.Second, want: reject(ms, 59999*ms)},
+		{at: 1500 * us, op: acquire, id: "c", lease: time.Nanosecond, want: admit(0, 59999*ms)}, // 1 µs
+		{at: 1500 * us, op: acquire, id: "d", lease: time.Second, want: reject(ms, 59999*ms)},
+		{at: 1501 * us, op: acquire, id: "d", lease: time.Second, want: admit(0, 59999*ms)},
 	}},
 	{"a clock that moves backwards is clamped", []step{
 		{at: time.Second, op: acquire, id: "a", lease: time.Second, want: admit(1, time.Second)},
@@ -174,13 +179,13 @@ func TestKeysApart(t *testing.T) {
 				id   string
 				want throttle.Decision
 			}{
-				{"a", admit(1, time.Second)},
-				{"b", admit(0, time.Second)},
-				{"c", reject(time.Second, time.Second)},
+				{"a", admit(1, time.Minute)},
+				{"b", admit(0, time.Minute)},
+				{"c", reject(time.Minute, time.Minute)},
 			}
 			for _, r := range rounds {
 				for i, k := range keys {
-					d, err := l.Acquire(ctx, k, r.id, time.Second)
+					d, err := l.Acquire(ctx, k, r.id, time.Minute)
 					if err != nil {
 						t.Fatalf("key %d (%.20q): %v", i, k, err)
 					}
@@ -218,7 +223,7 @@ func TestIDsOpaque(t *testing.T) {
 			l := impl.new(t, len(ids), clock)
 			for round := range 2 {
 				for i, id := range ids {
-					d, err := l.Acquire(ctx, "ids", id, time.Second)
+					d, err := l.Acquire(ctx, "ids", id, time.Minute)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -231,21 +236,21 @@ func TestIDsOpaque(t *testing.T) {
 					}
 				}
 			}
-			if d, err := l.Acquire(ctx, "ids", "one too many", time.Second); err != nil || d.Allowed {
+			if d, err := l.Acquire(ctx, "ids", "one too many", time.Minute); err != nil || d.Allowed {
 				t.Fatalf("Acquire beyond the limit = %+v, %v", d, err)
 			}
 			for i, id := range ids {
-				if err := l.Renew(ctx, "ids", id, time.Second); err != nil {
+				if err := l.Renew(ctx, "ids", id, time.Minute); err != nil {
 					t.Fatalf("Renew id %d (%.20q): %v", i, id, err)
 				}
 				if err := l.Release(ctx, "ids", id); err != nil {
 					t.Fatalf("Release id %d (%.20q): %v", i, id, err)
 				}
-				if err := l.Renew(ctx, "ids", id, time.Second); !errors.Is(err, ErrNotHeld) {
+				if err := l.Renew(ctx, "ids", id, time.Minute); !errors.Is(err, ErrNotHeld) {
 					t.Fatalf("Renew id %d (%.20q) after Release = %v, want ErrNotHeld", i, id, err)
 				}
 				for j, other := range ids[i+1:] {
-					if err := l.Renew(ctx, "ids", other, time.Second); err != nil {
+					if err := l.Renew(ctx, "ids", other, time.Minute); err != nil {
 						t.Fatalf("Release of id %d (%.20q) freed id %d: %v", i, id, i+1+j, err)
 					}
 				}
