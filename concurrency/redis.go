@@ -42,7 +42,9 @@ const clockSuffix = ":clock"
 // slot, scored by the end of their lease in microseconds; one Lua script
 // per call (slots.lua) drops the ended leases and acquires, renews or
 // releases atomically, then sets the key to expire when its last lease
-// ends.
+// ends. It follows the concurrent limiter of Sidekiq Enterprise and the
+// Redis counting semaphore with timed-out holders (see the package
+// documentation).
 //
 // By default the instant is the Redis server's TIME, so every process
 // sharing the Redis shares one clock. With WithClock the client sends its
