@@ -35,6 +35,10 @@ type RateLimitError struct {
 	// decidedAt is when the Gate decided (wall clock, read after Admit
 	// returned), zero for a RateLimitError built elsewhere.
 	decidedAt time.Time
+	// returnAt, when set, is when the task should be back in its queue: a
+	// little before its reserved slot, which it then waits for in the
+	// handler (see WithServerConfig).
+	returnAt time.Time
 }
 
 func newRateLimitError(key string, d throttle.Decision, at time.Time) *RateLimitError {
@@ -108,6 +112,9 @@ func RetryDelayFunc(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 func retryDelay(now time.Time, err error) (time.Duration, bool) {
 	var rl *RateLimitError
 	if errors.As(err, &rl) {
+		if !rl.returnAt.IsZero() {
+			return max(rl.returnAt.Sub(now), 0), true
+		}
 		if !rl.decidedAt.IsZero() {
 			return max(ceilSecond(rl.decidedAt.Add(rl.RetryIn)).Sub(now), 0), true
 		}

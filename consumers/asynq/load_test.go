@@ -1,7 +1,10 @@
 package asynqthrottle
 
 import (
+	"context"
+	"errors"
 	"slices"
+	"sync"
 	"strconv"
 	"testing"
 	"time"
@@ -60,6 +63,80 @@ func TestHundredTasksThroughTenPerSecond(t *testing.T) {
 		if d := starts[i].Sub(starts[i-limit]); d < time.Second {
 			t.Errorf("handler starts %d..%d within %v: more than %d in one second", i-limit+1, i+1, d, limit)
 		}
+	}
+	if qi.Archived != 0 || qi.FailedTotal != 0 {
+		t.Errorf("archived %d, failed total %d; want 0, 0", qi.Archived, qi.FailedTotal)
+	}
+}
+
+// 50 tasks at once through 10 per second with reservations: a task whose
+// slot is near waits for it in the handler; one whose slot is further is
+// retried once, comes back before its slot and waits for the rest. So no
+// task is rejected back to asynq more than once, every task runs exactly
+// once, and the handler never starts more than 10 times in any second.
+func TestReservedTasksComeBackOnce(t *testing.T) {
+	e := newEnv(t)
+	const n, limit = 50, 10
+	lim, err := window.NewMemory(throttle.PerSecond(limit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	retries := map[string]int{}
+	cfg := asynq.Config{
+		Concurrency:              n, // every task in flight at once: slots up to 4 s ahead
+		DelayedTaskCheckInterval: time.Second,
+		RetryDelayFunc:           RetryDelayFunc(nil),
+		ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, task *asynq.Task, err error) {
+			var rl *RateLimitError
+			if errors.As(err, &rl) {
+				mu.Lock()
+				retries[string(task.Payload())]++
+				mu.Unlock()
+			}
+		}),
+	}
+	rec := newRecorder(nil)
+	g := newGate(t, lim, throttle.WithReservations(10*time.Second))
+	e.serve(t, cfg, NewHandler(rec, g, WithClient(e.client), WithServerConfig(cfg)))
+
+	start := time.Now()
+	for i := range n {
+		e.enqueue(t, asynq.NewTask("work", []byte(strconv.Itoa(i))), asynq.MaxRetry(3))
+	}
+	rec.waitRuns(t, n, 30*time.Second)
+	elapsed := time.Since(start)
+	qi := e.settled(t, "default", 5*time.Second)
+	time.Sleep(300 * time.Millisecond) // no late duplicates
+	t.Logf("%d tasks at %d/s in %v (the limit's own time: %v)", n, limit, elapsed.Round(time.Millisecond), time.Duration(n/limit-1)*time.Second)
+
+	var starts []time.Time
+	for i := range n {
+		runs := rec.runsOf(strconv.Itoa(i))
+		if len(runs) != 1 {
+			t.Errorf("task %d ran %d times, want 1", i, len(runs))
+		}
+		for _, r := range runs {
+			starts = append(starts, r.at)
+		}
+	}
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	for i := limit; i < len(starts); i++ {
+		if d := starts[i].Sub(starts[i-limit]); d < time.Second {
+			t.Errorf("handler starts %d..%d within %v: more than %d in one second", i-limit+1, i+1, d, limit)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for p, r := range retries {
+		total += r
+		if r > 1 {
+			t.Errorf("task %s rejected back to asynq %d times, want at most once", p, r)
+		}
+	}
+	if total == 0 {
+		t.Errorf("no task was retried: the test does not exercise far slots")
 	}
 	if qi.Archived != 0 || qi.FailedTotal != 0 {
 		t.Errorf("archived %d, failed total %d; want 0, 0", qi.Archived, qi.FailedTotal)

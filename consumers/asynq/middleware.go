@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/google/uuid"
@@ -123,9 +124,10 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 	if err != nil {
 		return archive(span, err)
 	}
+	id := requestID(t, ti)
 	waits := 0
 	for {
-		d, err := h.gate.Admit(ctx, key, cost)
+		d, err := h.admit(ctx, key, cost, id)
 		at := time.Now()
 		switch {
 		case err != nil && throttle.IsUsageError(err):
@@ -147,22 +149,30 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 			return archive(span, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
 		}
 		rl := newRateLimitError(key, d, at)
-		if !ti.last() {
-			span.SetAttributes(DispositionAttr.String(DispositionRetry))
-			return rl
-		}
-		if h.cfg.client != nil {
-			return h.requeue(ctx, span, t, ti, rl)
-		}
-		// Last attempt, no client: wait for the retry-after, then decide
-		// again.
 		until := at.Add(d.RetryAfter)
-		if dl, ok := ctx.Deadline(); ok && until.After(dl) {
-			rl.Err = fmt.Errorf("rejected on its last attempt (retry %d of %d) and its deadline %v comes before the retry-after; asynq will archive it (use WithClient to re-enqueue instead)",
-				ti.retried, ti.maxRetry, dl.Format(time.RFC3339))
-			span.SetAttributes(DispositionAttr.String(DispositionRetry))
-			fail(span, rl)
-			return rl
+		// A near reserved slot is waited for here: a retry could not come
+		// back in time for it (whole seconds, the check interval).
+		wait := d.Reserved && d.RetryAfter <= h.cfg.maxWait && !pastDeadline(ctx, until)
+		if !wait {
+			if d.Reserved {
+				rl.returnAt = until.Add(-h.cfg.checkInterval)
+			}
+			if !ti.last() {
+				span.SetAttributes(DispositionAttr.String(DispositionRetry))
+				return rl
+			}
+			if h.cfg.client != nil {
+				return h.requeue(ctx, span, t, ti, id, rl)
+			}
+			// Last attempt, no client: wait for the retry-after, then
+			// decide again.
+			if dl, ok := ctx.Deadline(); ok && until.After(dl) {
+				rl.Err = fmt.Errorf("rejected on its last attempt (retry %d of %d) and its deadline %v comes before the retry-after; asynq will archive it (use WithClient to re-enqueue instead)",
+					ti.retried, ti.maxRetry, dl.Format(time.RFC3339))
+				span.SetAttributes(DispositionAttr.String(DispositionRetry))
+				fail(span, rl)
+				return rl
+			}
 		}
 		waits++
 		span.SetAttributes(WaitsAttr.Int(waits))
@@ -177,6 +187,34 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 		case <-timer.C:
 		}
 	}
+}
+
+// IDHeader is the task header that carries the identity the Gate decides a
+// task by, when it is not the task's own ID: a copy re-enqueued on its
+// last attempt keeps its original's identity, and so its reservation.
+const IDHeader = "queuethrottle-id"
+
+// requestID returns the identity of t for Gate.AdmitID: its IDHeader, or
+// its task ID ("" outside an asynq.Server).
+func requestID(t *asynq.Task, ti *taskInfo) string {
+	if id := t.Headers()[IDHeader]; id != "" {
+		return id
+	}
+	return ti.id
+}
+
+// admit asks the Gate, by id when there is one.
+func (h *handler) admit(ctx context.Context, key string, cost int, id string) (throttle.Decision, error) {
+	if id == "" {
+		return h.gate.Admit(ctx, key, cost)
+	}
+	return h.gate.AdmitID(ctx, key, cost, id)
+}
+
+// pastDeadline reports whether ctx ends before t.
+func pastDeadline(ctx context.Context, t time.Time) bool {
+	dl, ok := ctx.Deadline()
+	return ok && t.After(dl)
 }
 
 // request derives the key and cost of t.
@@ -197,11 +235,16 @@ func (h *handler) request(ctx context.Context, t *asynq.Task) (string, int, erro
 // requeue enqueues a copy of t, rejected on its last attempt, to run once
 // rl's retry-after has passed, and returns nil (asynq marks the original
 // done) once the copy is enqueued, or rl with the enqueue error.
-func (h *handler) requeue(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, rl *RateLimitError) error {
+func (h *handler) requeue(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, id string, rl *RateLimitError) error {
 	// The scheduled set is scored in whole seconds like the retry set:
-	// process at the retry instant rounded up to a whole second.
+	// process at the retry instant rounded up to a whole second, or a
+	// little before a reserved slot.
+	processAt := ceilSecond(rl.decidedAt.Add(rl.RetryIn))
+	if !rl.returnAt.IsZero() {
+		processAt = rl.returnAt
+	}
 	opts := []asynq.Option{
-		asynq.ProcessAt(ceilSecond(rl.decidedAt.Add(rl.RetryIn))),
+		asynq.ProcessAt(processAt),
 		asynq.MaxRetry(max(ti.maxRetry-ti.retried, 0)),
 	}
 	if ti.queue != "" {
@@ -211,7 +254,16 @@ func (h *handler) requeue(ctx context.Context, span trace.Span, t *asynq.Task, t
 		opts = append(opts, asynq.TaskID(CopyTaskID(ti.id)))
 	}
 	opts = append(opts, deadlineOptions(ctx, ti.start)...)
-	info, err := h.cfg.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), t.Headers()), opts...)
+	headers := t.Headers()
+	if id != "" && rl.Decision.Reserved {
+		// The copy claims its original's reservation.
+		headers = maps.Clone(headers)
+		if headers == nil {
+			headers = map[string]string{}
+		}
+		headers[IDHeader] = id
+	}
+	info, err := h.cfg.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
 	switch {
 	case err == nil:
 		span.SetAttributes(DispositionAttr.String(DispositionRequeued), CopyIDAttr.String(info.ID))

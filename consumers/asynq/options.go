@@ -2,6 +2,7 @@ package asynqthrottle
 
 import (
 	"context"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"go.opentelemetry.io/otel"
@@ -21,6 +22,8 @@ type config struct {
 	keyFunc        func(context.Context, *asynq.Task) (string, error)
 	costFunc       func(context.Context, *asynq.Task) (int, error)
 	client         *asynq.Client
+	checkInterval  time.Duration // the server's DelayedTaskCheckInterval
+	maxWait        time.Duration // < 0: checkInterval + 1 s
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
 }
@@ -28,11 +31,14 @@ type config struct {
 func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) { return t.Type(), nil }
 
 func newConfig(opts []Option) config {
-	c := config{keyFunc: taskTypeKey}
+	c := config{keyFunc: taskTypeKey, checkInterval: defaultCheckInterval, maxWait: -1}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
 		}
+	}
+	if c.maxWait < 0 {
+		c.maxWait = c.checkInterval + time.Second
 	}
 	if c.tracerProvider == nil {
 		c.tracerProvider = otel.GetTracerProvider()
@@ -76,6 +82,40 @@ func WithClient(c *asynq.Client) Option {
 	return optionFunc(func(cfg *config) {
 		if c != nil {
 			cfg.client = c
+		}
+	})
+}
+
+// defaultCheckInterval is asynq's default Config.DelayedTaskCheckInterval.
+const defaultCheckInterval = 5 * time.Second
+
+// WithServerConfig tells the middleware the asynq.Config of the server it
+// runs in: it reads DelayedTaskCheckInterval (0 means asynq's default,
+// 5 s), how often asynq moves due retries back to pending. A task whose
+// reserved slot (see throttle.WithReservations) is further away than
+// WithMaxWait is retried to come back that much before its slot, and
+// waits in the handler for the rest, so asynq's whole seconds and its
+// check interval never make it late for its slot.
+func WithServerConfig(cfg asynq.Config) Option {
+	return optionFunc(func(c *config) {
+		c.checkInterval = defaultCheckInterval
+		if cfg.DelayedTaskCheckInterval > 0 {
+			c.checkInterval = cfg.DelayedTaskCheckInterval
+		}
+	})
+}
+
+// WithMaxWait sets how near a reserved slot must be for the task to wait
+// for it in the handler (holding its worker) instead of being retried.
+// Default: the server's DelayedTaskCheckInterval plus one second (6 s with
+// asynq's defaults; see WithServerConfig), the most a retried task can
+// arrive before its slot. 0 never waits for a slot that is not due; a
+// negative d keeps the default. A wait never runs past the task's
+// deadline.
+func WithMaxWait(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d >= 0 {
+			c.maxWait = d
 		}
 	})
 }
