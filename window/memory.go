@@ -94,19 +94,19 @@ func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64
 	if err := throttle.CheckCost(n, m.rate.Count); err != nil {
 		return throttle.Decision{}, err
 	}
-	now := m.clock.Now().UnixMicro()
+	now, window := instant(m.clock.Now(), m.window)
 	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if now >= s.sweepAt {
-		s.sweep(now, m.window)
+		s.sweep(now, window)
 	}
 	l := s.logs[key]
 	if l == nil {
 		l = &windowLog{}
 		s.logs[key] = l
 	}
-	return l.decide(now, n, id, withID, horizon, m.rate.Count, m.window), nil
+	return l.decide(now, n, id, withID, horizon, limits{limit: m.rate.Count, window: window, nominal: m.window}), nil
 }
 
 // Len reports how many keys the window holds state for.

@@ -50,6 +50,7 @@ type Redis struct {
 	clock    throttle.Clock // nil: Redis TIME
 	timeout  time.Duration  // per call
 	argWin   any            // precomputed ARGV strings, boxed once
+	argWin1  any            // the window + 1 µs, for client clock readings between two µs
 	argLimit any
 	member   memberSource
 }
@@ -169,8 +170,13 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 	if l.clock == nil {
 		res, err = windowScript.Run(ctx, l.client, []string{k}, l.argWin, l.argLimit, argN, member, horizon).Result()
 	} else {
-		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		res, err = windowScript.Run(ctx, l.client, []string{k, k + floorSuffix}, l.argWin, l.argLimit, argN, member, horizon, now).Result()
+		keys := []string{k, k + floorSuffix}
+		now, slack := instant(l.clock.Now(), 0)
+		if slack == 0 {
+			res, err = windowScript.Run(ctx, l.client, keys, l.argWin, l.argLimit, argN, member, horizon, strconv.FormatInt(now, 10)).Result()
+		} else {
+			res, err = windowScript.Run(ctx, l.client, keys, l.argWin, l.argLimit, argN, member, horizon, strconv.FormatInt(now, 10), argOne).Result()
+		}
 	}
 	if err != nil {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)

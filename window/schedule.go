@@ -157,10 +157,19 @@ func (l *windowLog) kthUnit(from int64, k int) int64 {
 	return at
 }
 
+// limits are what one decision is made against: at most limit units in
+// any window (µs); nominal is the limiter's own window, which ResetAfter
+// counts in (window may be a µs longer, see instant).
+type limits struct {
+	limit           int
+	window, nominal int64
+}
+
 // decide is the algorithm at the instant now (µs) for a request of cost n
 // with identity id (withID), reserving up to horizon µs ahead (0: never).
 // The caller has checked n and holds the key's lock.
-func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int64, limit int, window int64) throttle.Decision {
+func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int64, lim limits) throttle.Decision {
+	limit, window := lim.limit, lim.window
 	now = max(now, l.floor)
 	l.drop(now, window)
 	if withID {
@@ -168,9 +177,9 @@ func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int
 			e := l.es[i]
 			switch {
 			case !e.reserved: // admitted and still counted: not charged again
-				return l.allowed(now, limit, window)
+				return l.allowed(now, lim)
 			case e.at > now: // too early for its slot
-				return l.rejected(now, e.at, true, limit, window)
+				return l.rejected(now, e.at, true, lim)
 			}
 			// Its slot has come: admitted now if the last window allows
 			// it. Reservations behind it do not delay it (they were made
@@ -181,9 +190,9 @@ func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int
 			if past := l.unitsIn(now-window, now); past+n > limit {
 				slot := l.kthUnit(now-window, past+n-limit) + window
 				l.insert(entry{at: slot, n: n, id: id, named: true, reserved: true})
-				return l.rejected(now, slot, true, limit, window)
+				return l.rejected(now, slot, true, lim)
 			}
-			return l.admit(now, n, id, true, limit, window)
+			return l.admit(now, n, id, true, lim)
 		}
 	}
 	slot := now
@@ -191,37 +200,37 @@ func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int
 		slot = l.slot(now, n, limit, window)
 	}
 	if slot == now {
-		return l.admit(now, n, id, withID, limit, window)
+		return l.admit(now, n, id, withID, lim)
 	}
 	if withID && slot-now <= horizon {
 		l.insert(entry{at: slot, n: n, id: id, named: true, reserved: true})
-		return l.rejected(now, slot, true, limit, window)
+		return l.rejected(now, slot, true, lim)
 	}
-	return l.rejected(now, slot, false, limit, window)
+	return l.rejected(now, slot, false, lim)
 }
 
-func (l *windowLog) admit(now int64, n int, id string, named bool, limit int, window int64) throttle.Decision {
+func (l *windowLog) admit(now int64, n int, id string, named bool, lim limits) throttle.Decision {
 	l.insert(entry{at: now, n: n, id: id, named: named})
 	l.floor = now
-	return l.allowed(now, limit, window)
+	return l.allowed(now, lim)
 }
 
-func (l *windowLog) allowed(now int64, limit int, window int64) throttle.Decision {
+func (l *windowLog) allowed(now int64, lim limits) throttle.Decision {
 	return throttle.Decision{
 		Allowed:    true,
-		Limit:      limit,
-		Remaining:  max(limit-l.units, 0),
-		ResetAfter: micros(l.newest() + window - now),
+		Limit:      lim.limit,
+		Remaining:  max(lim.limit-l.units, 0),
+		ResetAfter: micros(l.newest() + lim.nominal - now),
 		Source:     throttle.SourceLocal,
 	}
 }
 
-func (l *windowLog) rejected(now, slot int64, reserved bool, limit int, window int64) throttle.Decision {
+func (l *windowLog) rejected(now, slot int64, reserved bool, lim limits) throttle.Decision {
 	return throttle.Decision{
-		Limit:      limit,
-		Remaining:  max(limit-l.units, 0),
+		Limit:      lim.limit,
+		Remaining:  max(lim.limit-l.units, 0),
 		RetryAfter: max(micros(slot-now), throttle.CeilMillisecond(1)),
-		ResetAfter: micros(l.newest() + window - now),
+		ResetAfter: micros(l.newest() + lim.nominal - now),
 		Source:     throttle.SourceLocal,
 		Reserved:   reserved,
 	}

@@ -156,3 +156,41 @@ func TestMemoryAndRedisDecideAlike(t *testing.T) {
 		})
 	}
 }
+
+// TestSubMicrosecondReadings: two admissions whose clock readings round to
+// whole microseconds exactly Per apart, but lie less than Per apart in
+// real time, must not both be admitted (the worker's count found 101 in a
+// second at a limit of 100 that way).
+func TestSubMicrosecondReadings(t *testing.T) {
+	r := throttle.Rate{Count: 1, Per: time.Second}
+	client := redistest.Shared(t).Client(t)
+	clock := throttletest.NewClock(throttletest.T0)
+	mem, err := NewMemory(r, WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limiters := map[string]throttle.Limiter{"memory": mem, "redis": newTestRedis(t, client, r, WithClock(clock))}
+	for name, l := range limiters {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			steps := []struct {
+				at      time.Duration
+				allowed bool
+			}{
+				{900 * time.Nanosecond, true},
+				{time.Second + 100*time.Nanosecond, false},        // 999,999.2 µs later
+				{time.Second + time.Microsecond + 900, true},      // 1,000,001 µs later
+				{2*time.Second + time.Microsecond + 500, false},   // 999,999.6 µs later
+				{2*time.Second + 3*time.Microsecond, true},        // 1,000,001.1 µs later
+				{3*time.Second + 2*time.Microsecond + 999, false}, // 999,999.999 µs later
+			}
+			for i, s := range steps {
+				clock.Set(throttletest.T0.Add(s.at))
+				d, err := l.AllowN(ctx, "sub-µs", 1)
+				if err != nil || d.Allowed != s.allowed {
+					t.Fatalf("step %d at %v: %+v, %v; want allowed %v", i, s.at, d, err, s.allowed)
+				}
+			}
+		})
+	}
+}

@@ -17,7 +17,9 @@
 -- ARGV[5]  -1 for AllowN; else AllowID's reservation horizon, µs (>= 0).
 -- ARGV[6]  optional: now, µs, from the client's clock, clamped to the
 --          floor so that admissions never move backwards. Absent: now is
---          the server's TIME.
+--          the server's TIME rounded up (and the window one µs longer).
+-- ARGV[7]  optional, with ARGV[6]: the client's reading had a part below
+--          the µs (ARGV[6] is rounded up): the window is one µs longer.
 --
 -- Units with score <= now - window are dropped first. Then, for AllowID:
 -- an id with admitted units is admitted again without a charge; an id with
@@ -34,10 +36,11 @@
 -- Returns {allowed (0|1), remaining, retry_after_us, reset_after_us,
 -- reserved (0|1)}: remaining = limit - units held after the decision
 -- (reservations included), at least 0; retry_after_us = 0 when admitted,
--- else the time to the slot; reset_after_us = newest unit + window - now.
+-- else the time to the slot; reset_after_us = newest unit + ARGV[1] - now.
 
 local key = KEYS[1]
 local window = tonumber(ARGV[1])
+local nominal = window
 local limit = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local base = ARGV[4]
@@ -47,13 +50,20 @@ local withID = horizon >= 0
 local now
 if ARGV[6] then
 	now = tonumber(ARGV[6])
+	if ARGV[7] then
+		window = window + 1 -- the reading lay between two µs (see instant)
+	end
 	local floor = tonumber(redis.call("GET", KEYS[2]))
 	if floor and floor > now then
 		now = floor
 	end
 else
+	-- TIME truncates to the µs: the real instant lies in [t, t+1µs), so
+	-- record admissions at t+1 and let units leave a µs later (see
+	-- instant in algorithm.go).
 	local t = redis.call("TIME")
-	now = t[1] * 1000000 + t[2]
+	now = t[1] * 1000000 + t[2] + 1
+	window = window + 1
 end
 
 redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
@@ -115,7 +125,7 @@ local function admit()
 	if KEYS[2] then
 		redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
 	end
-	return {1, math.max(limit - count, 0), 0, newest() + window - now, 0}
+	return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
 end
 
 local function reject(slot, reserve)
@@ -124,7 +134,7 @@ local function reject(slot, reserve)
 		zadd(slot, "R")
 		expire(slot, fresh)
 	end
-	return {0, math.max(limit - count, 0), slot - now, newest() + window - now, reserve and 1 or 0}
+	return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
 end
 
 -- excl is the exclusive score bound "(x" (string.format keeps every digit,
@@ -145,12 +155,12 @@ end
 if withID then
 	local s = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
 	if s[1] then
-		return {1, math.max(limit - count, 0), 0, newest() + window - now, 0}
+		return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
 	end
 	if s[2] then
 		local slot = tonumber(s[2])
 		if slot > now then
-			return {0, math.max(limit - count, 0), slot - now, newest() + window - now, 1}
+			return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, 1}
 		end
 		-- Its slot has come: judged on the last window alone.
 		local units = {}

@@ -253,8 +253,10 @@ func checkInvariants(t *testing.T, what string, d throttle.Decision, r throttle.
 		t.Fatalf("%s: RetryAfter %v or ResetAfter %v not whole milliseconds", what, d.RetryAfter, d.ResetAfter)
 	case d.ResetAfter < 0 || d.ResetAfter > throttle.CeilMillisecond(r.Per):
 		t.Fatalf("%s: ResetAfter %v outside [0, %v]", what, d.ResetAfter, throttle.CeilMillisecond(r.Per))
-	case !d.Allowed && d.RetryAfter > throttle.CeilMillisecond(r.Per):
-		t.Fatalf("%s: RetryAfter %v > Per %v", what, d.RetryAfter, r.Per)
+	case !d.Allowed && d.RetryAfter > throttle.CeilMillisecond(r.Per+time.Microsecond):
+		// A clock reading between two µs decides on a window one µs
+		// longer, so that rounding never over-admits in real time.
+		t.Fatalf("%s: RetryAfter %v > Per %v (+1µs)", what, d.RetryAfter, r.Per)
 	}
 }
 
