@@ -54,7 +54,7 @@ type asynqSide struct {
 // (with a client of its own), on queue, gated by a Gate over lim (whose
 // Redis client honours context deadlines). Admissions and handler runs go
 // to rec. cl stops the server, deletes the queue and closes the client.
-func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, rec *recorder, tp trace.TracerProvider, cl *closers) (*asynqSide, error) {
+func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, rec *recorder, tp trace.TracerProvider, reservations time.Duration, cl *closers) (*asynqSide, error) {
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", err)
@@ -73,12 +73,14 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter,
 		archived: -1,
 	}
 	lim.admitted = rec.admitted
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(reservations))
 	if err != nil {
 		return nil, err
 	}
-	a.srv = asynq.NewServerFromRedisClient(rc, asynq.Config{
-		Concurrency: 20,
+	scfg := asynq.Config{
+		// Room for the tasks that wait in the handler for a reserved slot
+		// at most DelayedTaskCheckInterval + 1 s ahead.
+		Concurrency: 100,
 		Queues:      map[string]int{queue: 1},
 		// Throttling is not a failure: the retry count stays, and the
 		// task is neither counted as failed nor archived. (Compose your
@@ -92,10 +94,14 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter,
 		ShutdownTimeout:          5 * time.Second,
 		ErrorHandler:             asynq.ErrorHandlerFunc(a.handleError),
 		LogLevel:                 asynq.WarnLevel,
-	})
+	}
+	a.srv = asynq.NewServerFromRedisClient(rc, scfg)
 	mux := asynq.NewServeMux()
 	mux.Use(asynqthrottle.Middleware(gate,
 		asynqthrottle.WithClient(a.client), // re-enqueue instead of archiving on a last attempt
+		// A reserved slot further than DelayedTaskCheckInterval + 1 s is
+		// a retry that comes back before it; a nearer one is waited for.
+		asynqthrottle.WithServerConfig(scfg),
 		asynqthrottle.WithKeyFunc(func(_ context.Context, t *asynq.Task) (string, error) {
 			j, err := taskJob(t)
 			return j.Tenant, err
@@ -144,7 +150,7 @@ func (a *asynqSide) enqueue(ctx context.Context, j job) error {
 	case err != nil:
 		return fmt.Errorf("enqueue job %s: %w", j.ID, err)
 	}
-	a.rec.published(j.Tenant, 0)
+	a.rec.published(j.Tenant, j.ID, 0)
 	return nil
 }
 
@@ -160,7 +166,7 @@ func (a *asynqSide) handle(ctx context.Context, t *asynq.Task) error {
 	// The job's span is a child of the middleware's process span.
 	_, span := a.tracer.Start(ctx, "handle "+j.ID)
 	defer span.End()
-	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id})
+	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id, At: time.Now().UnixNano()})
 	return nil
 }
 

@@ -124,7 +124,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	rw := newRecordWriter(out)
 	lim.admitted = rw.admitted
 	tp := noop.NewTracerProvider()
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return err
 	}
@@ -219,7 +219,8 @@ func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder)
 	for id := 1; id <= n; id++ {
 		args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", keyPrefix,
 			"-nats", natsURL, "-redis", cfg.RedisURL, "-jobs", jobsPath,
-			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst)}
+			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
+			"-reservations", cfg.Reservations.String()}
 		cmd := exec.Command(exe, args...)
 		cmd.Env = append(os.Environ(), childEnv+"=1")
 		cmd.Stderr = os.Stderr
@@ -387,11 +388,12 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 		}
 	}
 	stopProcesses()
-	info := consumerInfo(cons)
+	info, deliveries := consumerInfo(cons)
 	cl.run()
 	printStop(out, stopReason, info)
 	ps.errs.print(out, "error")
 	rep := rec.summarize(jf.Jobs, rateOf, spec)
+	rep.Deliveries = deliveries
 	rep.Instances = cfg.Instances
 	if hs, ok := ps.hybridStats(); ok {
 		rep.Hybrid = &hs

@@ -207,6 +207,26 @@ func (l *tenantLimiter) AllowN(ctx context.Context, key string, n int) (throttle
 	return d, err
 }
 
+// AllowID asks the key's limiter by id when it has ids (throttle.IDLimiter:
+// the windows and the Local and Redis buckets), else AllowN: the hybrid
+// makes no reservations.
+func (l *tenantLimiter) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	x, ok := l.byKey[key]
+	if !ok {
+		x = l.def
+	}
+	ids, ok := x.(throttle.IDLimiter)
+	if !ok {
+		return l.AllowN(ctx, key, n)
+	}
+	before := time.Now()
+	d, err := ids.AllowID(ctx, key, n, id, horizon)
+	if err == nil && d.Allowed && l.admitted != nil {
+		l.admitted(key, n, before, time.Now())
+	}
+	return d, err
+}
+
 // Rate returns the default rate; the Gate uses its Count as the Limit of
 // degraded decisions.
 func (l *tenantLimiter) Rate() throttle.Rate { return l.rate }

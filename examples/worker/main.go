@@ -84,6 +84,10 @@ type config struct {
 	Trace     string        // "" or "stdout"
 	Timeout   time.Duration // give up waiting for the jobs after this long
 	Progress  time.Duration // interval of the progress lines
+	// Reservations is the horizon of throttle.WithReservations: a rejected
+	// job reserves its own slot up to this far ahead. 0 turns them off.
+	Reservations time.Duration
+	Report       string // write the JSON report to this file
 
 	// The hidden settings of a worker process of -instances.
 	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
@@ -99,6 +103,8 @@ func defaultConfig() config {
 		Instances: 1,
 		Timeout:   60 * time.Second,
 		Progress:  500 * time.Millisecond,
+
+		Reservations: time.Minute,
 	}
 }
 
@@ -117,6 +123,8 @@ func main() {
 	flag.StringVar(&cfg.NATSURL, "nats", "", "NATS `URL` of a JetStream server (default: embedded server in a temp dir)")
 	flag.StringVar(&cfg.Trace, "trace", "", "`exporter` of the spans: \"stdout\" prints them with the OpenTelemetry stdout exporter (default: no tracing)")
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "stop waiting for unhandled jobs after this long")
+	flag.DurationVar(&cfg.Reservations, "reservations", cfg.Reservations, "a rejected job reserves its own slot up to this `horizon` ahead and comes back once, to it (0: no reservations, rejections bounce)")
+	flag.StringVar(&cfg.Report, "report", "", "write the run's report as JSON to `FILE`")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")
@@ -165,7 +173,13 @@ var errCheckFailed = errors.New("check failed")
 // run replays the jobs, prints progress and the summary to out, and
 // returns errCheckFailed if the summary fails a check.
 func run(ctx context.Context, cfg config, out io.Writer) error {
+	start := time.Now()
 	rep, err := work(ctx, cfg, out)
+	if cfg.Report != "" && (err == nil || rep.Jobs > 0) {
+		if werr := writeReport(cfg.Report, rep, time.Since(start)); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
 	if err != nil {
 		return err
 	}

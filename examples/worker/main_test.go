@@ -189,7 +189,7 @@ func TestSummary(t *testing.T) {
 	jobs := []job{{ID: "a1", Tenant: "a"}, {ID: "a2", Tenant: "a"}, {ID: "a3", Tenant: "a"}, {ID: "b1", Tenant: "b"}}
 	rec := newRecorder(start, len(jobs))
 	for i, j := range jobs {
-		rec.published(j.Tenant, uint64(i+1))
+		rec.published(j.Tenant, j.ID, uint64(i+1))
 	}
 	for i := range 3 {
 		now := start.Add(time.Duration(i) * 10 * time.Millisecond)

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +22,7 @@ type handled struct {
 	JobID  string `json:"job"`
 	Ref    string `json:"ref"`            // the message: its stream sequence (NATS) or task ID (asynq)
 	Proc   int    `json:"proc,omitempty"` // worker process (1..N) with -instances, else 0
+	At     int64  `json:"at,omitempty"`   // when the handler started, Unix ns (0: when recorded)
 }
 
 // consumer says which consumer a recorder or report is about; the zero
@@ -107,15 +110,16 @@ type recorder struct {
 	naks    int
 	pubs    int
 	lost    int
-	procs   map[int]int    // worker process -> handler runs, with -instances
-	rejects map[string]int // job id -> rejections (asynq)
+	procs   map[int]int          // worker process -> handler runs, with -instances
+	rejects map[string]int       // job id -> rejections (asynq)
+	arrived map[string]time.Time // job id -> when it was published
 }
 
 func newRecorder(start time.Time, total int) *recorder {
 	return &recorder{
 		start: start, total: total, complete: make(chan struct{}),
 		tenants: map[string]*tenantStats{}, byID: map[string]int{}, seqs: map[uint64]string{}, held: map[uint64]bool{},
-		admits: map[string][]event{}, procs: map[int]int{}, rejects: map[string]int{},
+		admits: map[string][]event{}, procs: map[int]int{}, rejects: map[string]int{}, arrived: map[string]time.Time{},
 	}
 }
 
@@ -136,15 +140,23 @@ func (r *recorder) tenant(name string) *tenantStats {
 	return ts
 }
 
-func (r *recorder) published(tenant string, seq uint64) {
+// published records that job id of tenant arrived now, as stream sequence
+// seq (0 for asynq).
+func (r *recorder) published(tenant, id string, seq uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if _, ok := r.arrived[id]; !ok {
+		r.arrived[id] = time.Now()
+	}
 	r.tenant(tenant).Published++
 	r.seqs[seq] = tenant
 	r.pubs++
 }
 
 func (r *recorder) handle(h handled) {
+	if h.At == 0 {
+		h.At = time.Now().UnixNano()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.tenant(h.Tenant).Handled++
@@ -265,6 +277,10 @@ type tenantReport struct {
 	MaxInWindow int    // most units admitted in any window of Rate.Per
 	Bound       int    // the most the limiter may admit in such a window: the limit of a window, burst + refill for a bucket
 	BoundText   string // how Bound is made up, e.g. "limit 20" or "bound 40 = burst 20 + refill 20"
+	Twice       int    // jobs handled more than once
+	// WaitP50 and WaitP99 are percentiles of the time from a job's
+	// arrival to its handler's (first) start.
+	WaitP50, WaitP99 time.Duration
 }
 
 // Over reports whether the tenant was admitted more than its limiter's
@@ -281,6 +297,12 @@ type report struct {
 	Missing    []string            // job ids never handled
 	Duplicates map[string][]string // job id -> message of each run (see handled.Ref), for ids run more than once
 	Elapsed    time.Duration
+
+	// Span is from the first job's arrival to the last handler start;
+	// Deliveries counts every delivery of a job to the throttle (NATS:
+	// the consumer's deliveries; asynq: handler runs plus rejections).
+	Span       time.Duration
+	Deliveries int
 
 	Hybrid    *bucket.HybridStats // decisions by source, with -limiter hybrid
 	Instances int                 // worker processes, with -instances (else 0)
@@ -336,6 +358,31 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 			rep.Duplicates[h.JobID] = append(rep.Duplicates[h.JobID], h.Ref)
 		}
 	}
+	waits, twice := map[string][]time.Duration{}, map[string]int{}
+	first, last := time.Time{}, time.Time{}
+	for _, t := range r.arrived {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	started := map[string]bool{}
+	for _, h := range r.runs {
+		at := time.Unix(0, h.At)
+		last = maxTime(last, at)
+		if started[h.JobID] {
+			continue
+		}
+		started[h.JobID] = true
+		if arr, ok := r.arrived[h.JobID]; ok {
+			waits[h.Tenant] = append(waits[h.Tenant], max(at.Sub(arr), 0))
+		}
+		if r.byID[h.JobID] > 1 {
+			twice[h.Tenant]++
+		}
+	}
+	if !first.IsZero() && last.After(first) {
+		rep.Span = last.Sub(first)
+	}
 	for name, ts := range r.tenants {
 		rate := rateOf(name)
 		bound, text := spec.bound(rate)
@@ -346,7 +393,11 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 			MaxInWindow: maxInWindow(r.admits[name], rate.Per),
 			Bound:       bound,
 			BoundText:   text,
+			Twice:       twice[name],
+			WaitP50:     percentile(waits[name], 0.50),
+			WaitP99:     percentile(waits[name], 0.99),
 		})
+		rep.Deliveries += ts.Handled + ts.Naks
 	}
 	if len(r.procs) > 0 {
 		rep.Processes = map[int]int{}
@@ -477,4 +528,23 @@ func sample(items []string) string {
 		return strings.Join(items, ", ")
 	}
 	return strings.Join(items[:5], ", ") + ", ..."
+}
+
+// percentile returns the p-quantile (0 < p <= 1) of ds, nearest rank, or 0
+// for none.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

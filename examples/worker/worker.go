@@ -111,7 +111,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return report{}, err
 	}
@@ -136,7 +136,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		}
 		arec := newRecorder(start, len(jf.Jobs))
 		arec.consumer = consumerAsynq
-		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, &cl); err != nil {
+		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, cfg.Reservations, &cl); err != nil {
 			return report{}, err
 		}
 	}
@@ -183,12 +183,13 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if as != nil {
 		as.stop()
 	}
-	info := consumerInfo(cons)
+	info, deliveries := consumerInfo(cons)
 	cl.run()
 	printStop(out, stopReason, info)
 	w.handlerErrs.print(out, "handler error")
 	w.throttleErrs.print(out, "throttle error")
 	rep := rec.summarize(jf.Jobs, rateOf, spec)
+	rep.Deliveries = deliveries
 	if hs, ok := lim.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}
@@ -540,7 +541,7 @@ func (w *worker) handle(m jetstream.Msg) {
 	// The job's span is a child of the throttle's process span.
 	ctx, span := w.tracer.Start(natsthrottle.ContextFromMsg(m), "handle "+j.ID)
 	defer span.End()
-	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc})
+	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc, At: time.Now().UnixNano()})
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := m.DoubleAck(ctx); err != nil {
@@ -593,7 +594,7 @@ func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, p
 			return fmt.Errorf("job %s: %w", j.ID, err)
 		}
 		if !ack.Duplicate {
-			rec.published(j.Tenant, ack.Sequence)
+			rec.published(j.Tenant, j.ID, ack.Sequence)
 		}
 		if enqueue != nil {
 			if err := enqueue(ctx, j); err != nil {
@@ -710,16 +711,16 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	return s.w.Write(p)
 }
 
-// consumerInfo returns a line on the durable consumer's deliveries, or ""
-// if the server does not answer.
-func consumerInfo(cons jetstream.Consumer) string {
+// consumerInfo returns a line on the durable consumer's deliveries and
+// their number, or "" and -1 if the server does not answer.
+func consumerInfo(cons jetstream.Consumer) (string, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ci, err := cons.Info(ctx)
 	if err != nil {
-		return ""
+		return "", -1
 	}
-	return fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending)
+	return fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending), int(ci.Delivered.Consumer)
 }
 
 // printStop prints why the run stopped early, if it did, and the consumer

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+)
+
+// The JSON report of -report FILE: what the summary says, in numbers.
+type (
+	jsonReport struct {
+		OK        bool           `json:"ok"`
+		Seconds   float64        `json:"seconds"` // the whole run
+		Consumers []jsonConsumer `json:"consumers"`
+	}
+	jsonConsumer struct {
+		Name       string       `json:"name"`       // "nats" or "asynq"
+		Seconds    float64      `json:"seconds"`    // first arrival to last handler start
+		Deliveries int          `json:"deliveries"` // every delivery to the throttle (-1: unknown)
+		Tenants    []jsonTenant `json:"tenants"`
+	}
+	jsonTenant struct {
+		Tenant       string  `json:"tenant"`
+		Limit        string  `json:"limit"` // e.g. "20/1s"
+		Published    int     `json:"published"`
+		Handled      int     `json:"handled"`       // handler runs
+		HandledTwice int     `json:"handled_twice"` // jobs handled more than once
+		Lost         int     `json:"lost"`          // terminated, or dropped at MaxDeliver
+		Naks         int     `json:"naks"`          // NAKs (NATS) or rejections returned to asynq
+		Holds        int     `json:"holds"`         // messages held on their last delivery
+		MaxInWindow  int     `json:"max_in_window"` // most cost units admitted in any window of the limit's period
+		Bound        int     `json:"bound"`         // the most the limiter may admit in such a window
+		WaitP50MS    float64 `json:"wait_p50_ms"`   // arrival to handler start
+		WaitP99MS    float64 `json:"wait_p99_ms"`
+	}
+)
+
+// writeReport writes rep, a run of elapsed, as JSON to path.
+func writeReport(path string, rep report, elapsed time.Duration) error {
+	out := jsonReport{OK: rep.OK(), Seconds: elapsed.Seconds()}
+	out.Consumers = append(out.Consumers, rep.jsonConsumer())
+	if rep.Asynq != nil {
+		out.Consumers = append(out.Consumers, rep.Asynq.jsonConsumer())
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("-report: %w", err)
+	}
+	return nil
+}
+
+func (rep report) jsonConsumer() jsonConsumer {
+	c := jsonConsumer{Name: "nats", Seconds: rep.Span.Seconds(), Deliveries: rep.Deliveries, Tenants: []jsonTenant{}}
+	if rep.Consumer == consumerAsynq {
+		c.Name = "asynq"
+	}
+	for _, t := range rep.Tenants {
+		c.Tenants = append(c.Tenants, jsonTenant{
+			Tenant:       t.Tenant,
+			Limit:        t.Rate.String(),
+			Published:    t.Published,
+			Handled:      t.Handled,
+			HandledTwice: t.Twice,
+			Lost:         t.Terms + t.MaxDeliver,
+			Naks:         t.Naks,
+			Holds:        t.Holds,
+			MaxInWindow:  t.MaxInWindow,
+			Bound:        t.Bound,
+			WaitP50MS:    ms(t.WaitP50),
+			WaitP99MS:    ms(t.WaitP99),
+		})
+	}
+	return c
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
