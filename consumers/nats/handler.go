@@ -221,9 +221,15 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 		return
 	}
 	if !h.lastDelivery(r.msg) {
-		// A reserved slot is the message's own: exactly its delay, no
-		// jitter (the herd a jitter spreads is already spread).
-		h.nak(ctx, span, r.msg, retry, !d.Reserved)
+		if d.Reserved {
+			// The slot is the message's own: no jitter (the herd a jitter
+			// spreads is already spread). The server may redeliver late
+			// (it checks a long pending list every 100 ms): ask for the
+			// message a little early, and wait in process for the rest.
+			h.nak(ctx, span, r.msg, retry-h.cfg.maxWait/2, false)
+		} else {
+			h.nak(ctx, span, r.msg, retry, true)
+		}
 		span.End()
 		return
 	}

@@ -33,7 +33,7 @@ const (
 	configErrorHeartbeat = time.Second
 	// DefaultMaxWait is how close a reserved slot must be for the message
 	// to wait for it in process instead of a NAK (see WithMaxWait).
-	DefaultMaxWait = 50 * time.Millisecond
+	DefaultMaxWait = 250 * time.Millisecond
 	// minHeartbeat is the shortest interval between InProgress heartbeats,
 	// and the shortest default decision timeout.
 	minHeartbeat = 10 * time.Millisecond
@@ -286,11 +286,14 @@ func WithJitter(fraction float64, maxJitter time.Duration) Option {
 // WithMaxWait sets how close a reserved slot (a rejection with
 // Decision.Reserved, see throttle.WithReservations) must be for the message
 // to wait for it in process, on a goroutine of its own, instead of being
-// NAKed to it: a NAK costs a delivery and a round trip through the server,
-// which is more than a wait of a few milliseconds. Default DefaultMaxWait
-// (50 ms), or a tenth of the consumer's shortest ack wait if that is
-// shorter; 0 NAKs every reserved rejection; it must be >= 0 and below half
-// the consumer's shortest ack wait.
+// NAKed to it: a NAK costs a delivery and a round trip through the server.
+// A message whose slot is further away is NAKed to come back half of
+// this before its slot, and waits in process for the rest: the server
+// redelivers late by up to 100 ms when many messages are pending, and a
+// late claim would push the slots after it. Default DefaultMaxWait
+// (250 ms), or a tenth of the consumer's shortest ack wait if that is
+// shorter; 0 NAKs every reserved rejection to its exact slot; it must be
+// >= 0 and below half the consumer's shortest ack wait.
 func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d < 0 {

@@ -45,6 +45,10 @@ func consumerConfig() jetstream.ConsumerConfig {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       5 * time.Second,
 		MaxDeliver:    5,
+		// Messages NAKed to a reserved slot stay pending until they come
+		// back: with the default of 1,000, a flood of one tenant would
+		// fill MaxAckPending and stop the deliveries of every other.
+		MaxAckPending: -1,
 		FilterSubject: subjectPrefix + ">",
 	}
 }
