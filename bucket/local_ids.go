@@ -203,3 +203,5 @@ func (l *Local) idCount(key string) int {
 	}
 	return len(st.ids.m)
 }
+
+var _ throttle.IDLimiter = (*Local)(nil)

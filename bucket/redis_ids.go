@@ -103,3 +103,5 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	}
 	return d, nil
 }
+
+var _ throttle.IDLimiter = (*Redis)(nil)
