@@ -36,7 +36,8 @@
 -- reserved at now + wait; else nothing is written. After a write the hash
 -- expires when the bucket would be full again, counting the debt, and the
 -- ids set when its newest entry is forgotten (PEXPIRE GT: Redis 7.0 or
--- newer).
+-- newer). With a client clock that moves backwards, after the hash has
+-- expired, the set may expire before an older id is forgotten.
 --
 -- Returns {allowed (0|1), credit, wait_us, reserved (0|1)}: credit = what
 -- is left after the decision (or there, when nothing was taken; negative
@@ -92,12 +93,14 @@ end
 redis.call("ZREMRANGEBYSCORE", ids, "-inf", now - memory)
 
 -- remember records member at score and keeps the ids set until its newest
--- entry is forgotten.
-local function remember(member, score)
-	local fresh = redis.call("EXISTS", ids) == 0
+-- entry is forgotten. newest: no entry is later than score, which holds
+-- for a fresh admission (no debt left: every slot has passed) and for a
+-- reservation (slots come in order, after now); else the set exists, with
+-- an expiry, and GT keeps a later one.
+local function remember(member, score, newest)
 	redis.call("ZADD", ids, score, member)
 	local ttl = ceildiv(score - now + memory, 1000)
-	if fresh then
+	if newest then
 		redis.call("PEXPIRE", ids, ttl)
 	else
 		redis.call("PEXPIRE", ids, ttl, "GT")
@@ -120,7 +123,7 @@ if s[2] then
 		return {0, credit, slot - now, 1}
 	end
 	redis.call("ZREM", ids, "R:" .. id)
-	remember("A:" .. id, now)
+	remember("A:" .. id, now, false)
 	return {1, credit, 0, 0}
 end
 
@@ -128,7 +131,7 @@ local need = n * per
 if credit >= need then
 	credit = credit - need
 	store(credit)
-	remember("A:" .. id, now)
+	remember("A:" .. id, now, true)
 	return {1, credit, 0, 0}
 end
 
@@ -136,7 +139,7 @@ local debt = need - credit -- > 0: the credit missing after taking now
 local wait = ceildiv(debt, count)
 if wait <= horizon and debt <= maxdebt then
 	store(-debt)
-	remember("R:" .. id, now + wait)
+	remember("R:" .. id, now + wait, true)
 	return {0, -debt, wait, 1}
 end
 return {0, credit, wait, 0}

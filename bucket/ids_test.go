@@ -70,8 +70,8 @@ func TestRedisIDKeysExpire(t *testing.T) {
 	mustAllowID(t, l, "k", "b", 1, 5*time.Second, true, false)
 	mustAllowID(t, l, "k", "c", 1, 5*time.Second, false, true) // slot +500 ms
 	mustAllowID(t, l, "k", "d", 1, 5*time.Second, false, true) // slot +1 s
-	within("bucket", pttl(k), 2*time.Second)                  // 2 tokens of debt + 2 to full
-	within("ids", pttl(ids), 2*time.Second)                   // d's slot + 1 s
+	within("bucket", pttl(k), 2*time.Second)                   // 2 tokens of debt + 2 to full
+	within("ids", pttl(ids), 2*time.Second)                    // d's slot + 1 s
 
 	got, err := client.ZRangeWithScores(ctx, ids, 0, -1).Result()
 	if err != nil {
