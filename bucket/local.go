@@ -30,7 +30,8 @@ const idleChecks = 2
 // faster than the refill is still admitted at the refill rate. A clock
 // that moves backwards counts as no time passing. Time is kept in whole
 // microseconds, with the same integer arithmetic as Redis, so both give
-// the same decisions at the same instants.
+// the same decisions at the same instants. AllowID adds reservations,
+// which take tokens ahead of time, and idempotent ids (see AllowID).
 //
 // Per-key state lives in bounded LRU caches (hashicorp/golang-lru's
 // simplelru, one per shard), with a lock-free index beside them so that a

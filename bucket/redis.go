@@ -33,7 +33,9 @@ var (
 // bucket from the elapsed time, and takes the tokens only if enough are
 // there. A rejection writes nothing: it neither takes tokens nor moves the
 // refill timeline, so a client retrying faster than the refill is still
-// admitted at the refill rate.
+// admitted at the refill rate. AllowID adds reservations, which take
+// tokens ahead of time, and idempotent ids, in a second script (see
+// AllowID).
 //
 // State is one hash per key, {tokens, ts}, holding the bucket's credit at
 // ts in exact integers (a token is worth Per in µs, each µs adds Count;
