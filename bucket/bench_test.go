@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -25,6 +26,32 @@ func BenchmarkLocal(b *testing.B) {
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, 0, func(int) error {
 		_, err := l.AllowN(ctx, "key", 1)
+		return err
+	})
+}
+
+// benchIDs are the ids of the AllowID benchmarks, made ahead so that
+// formatting them is not measured: a new id per call, as every message
+// brings its own (at benchRate with a burst of 1000, an id is remembered
+// for 1 µs, so the ids of a key stay few).
+var benchIDs = func() []string {
+	ids := make([]string, 1<<16)
+	for i := range ids {
+		ids[i] = "msg-" + strconv.Itoa(i)
+	}
+	return ids
+}()
+
+// BenchmarkLocalAllowID is BenchmarkLocal with an id per call: compare
+// the two in one run.
+func BenchmarkLocalAllowID(b *testing.B) {
+	l, err := NewLocal(throttle.PerSecond(benchRate), 1000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	benchtest.SeqAndParallel(b, 0, func(i int) error {
+		_, err := l.AllowID(ctx, "key", 1, benchIDs[i&(len(benchIDs)-1)], time.Second)
 		return err
 	})
 }
@@ -54,6 +81,21 @@ func BenchmarkRedisBucket(b *testing.B) {
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
 		_, err := l.AllowN(ctx, "key", 1)
+		return err
+	})
+}
+
+// BenchmarkRedisAllowID is BenchmarkRedisBucket with an id per call (one
+// EVALSHA of bucket_id.lua): compare the two in one run.
+func BenchmarkRedisAllowID(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
+		_, err := l.AllowID(ctx, "key", 1, benchIDs[i&(len(benchIDs)-1)], time.Second)
 		return err
 	})
 }

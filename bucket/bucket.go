@@ -26,8 +26,15 @@ type params struct {
 	count  int64 // credit added per µs (Rate.Count)
 	perUS  int64 // credit per token (Rate.Per in µs, rounded up)
 	cap    int64 // credit of a full bucket: burst × perUS
-	fullUS int64 // cap / count: an elapsed time beyond this fills any bucket
+	fullUS int64 // ceil(2^53 / count): an elapsed time beyond this fills any bucket, even one at maxDebt
 	burst  int
+
+	// Reservations (AllowID): credit may go down to -maxDebt = -(2^53 -
+	// cap), so that cap - credit, and every sum the Lua script makes of
+	// credit, stays within 2^53. ids are remembered for memUS = ceil(cap /
+	// count), the time from empty to full.
+	maxDebt int64
+	memUS   int64
 
 	// 1/perUS, 1/count and 1/(count × 1000), so that the divisions of
 	// every decision are multiplications (a 64-bit integer division costs
@@ -55,7 +62,9 @@ func newParams(r throttle.Rate, burst int) (params, error) {
 			"burst × Rate.Per must be at most 2^53 µs (about 285 years), got %d × %v", burst, r.Per)}
 	}
 	p := params{count: int64(r.Count), perUS: perUS, cap: int64(burst) * perUS, burst: burst}
-	p.fullUS = p.cap / p.count
+	p.fullUS = (maxCredit + p.count - 1) / p.count
+	p.maxDebt = maxCredit - p.cap
+	p.memUS = (p.cap + p.count - 1) / p.count
 	p.invPer = 1 / float64(p.perUS)
 	p.invCount = 1 / float64(p.count)
 	p.countMS = p.count * 1000
@@ -83,13 +92,14 @@ func ceilDiv(a, b int64, inv float64) int64 {
 
 // refill returns the credit at now of a bucket that held credit at ts, and
 // the time to store with it: max(ts, now), so that stored time never moves
-// backwards and elapsed time is clamped at 0.
+// backwards and elapsed time is clamped at 0. credit may be negative (a
+// debt of reservations, at least -maxDebt).
 func (p *params) refill(credit, ts, now int64) (int64, int64) {
 	if now <= ts {
 		return min(credit, p.cap), ts
 	}
 	if elapsed := now - ts; elapsed > p.fullUS {
-		credit = p.cap // also keeps elapsed × count from overflowing
+		credit = p.cap // elapsed × count > 2^53 >= cap - credit; and no overflow
 	} else {
 		credit = min(credit+elapsed*p.count, p.cap)
 	}
@@ -112,14 +122,14 @@ func micros(us int64) time.Duration {
 
 // decision builds the Decision for a request of cost n that left credit
 // in the bucket: admitted (credit is what is left after taking) or
-// rejected (credit is what is there now). Waits are ceil(missing credit /
-// credit per ms) whole milliseconds, which is the wait in µs rounded up to
-// the millisecond.
+// rejected (credit is what is there now; when negative, the wait includes
+// the debt). Waits are ceil(missing credit / credit per ms) whole
+// milliseconds, which is the wait in µs rounded up to the millisecond.
 func (p *params) decision(allowed bool, n int, credit int64, limit int, src throttle.Source) throttle.Decision {
 	d := throttle.Decision{
 		Allowed:    allowed,
 		Limit:      limit,
-		Remaining:  int(floorDiv(credit, p.perUS, p.invPer)),
+		Remaining:  int(floorDiv(max(credit, 0), p.perUS, p.invPer)),
 		ResetAfter: time.Duration(ceilDiv(p.cap-credit, p.countMS, p.invCountMS)) * time.Millisecond,
 		Source:     src,
 	}
@@ -128,4 +138,30 @@ func (p *params) decision(allowed bool, n int, credit int64, limit int, src thro
 		d.RetryAfter = time.Duration(max(ceilDiv(int64(n)*p.perUS-credit, p.countMS, p.invCountMS), 1)) * time.Millisecond
 	}
 	return d
+}
+
+// maxHorizonUS bounds a reservation horizon, 2^52 µs (about 142 years), so
+// that a slot (now + wait, µs since the Unix epoch) stays exact in a Lua
+// number. Longer horizons act as this one.
+const maxHorizonUS = 1 << 52
+
+// horizonMicros converts a reservation horizon to µs, rounded down (a slot
+// is reserved only if it lies within the horizon) and capped at
+// maxHorizonUS. The caller has checked h >= 0.
+func horizonMicros(h time.Duration) int64 { return min(int64(h/time.Microsecond), maxHorizonUS) }
+
+// errHorizon is the error of AllowID for a negative horizon.
+func errHorizon(h time.Duration) error {
+	return &throttle.OptionError{Field: "horizon", Reason: fmt.Sprintf("must be >= 0, got %v", h)}
+}
+
+// reservation is the outcome of a fresh request that n tokens now do not
+// cover, at credit: if taking them leaves a debt (credit below 0) that the
+// refill repays within horizon µs, and within maxDebt, ok and the credit
+// after taking; wait is the µs until the request would fit (its slot when
+// reserved).
+func (p *params) reservation(n int, credit, horizon int64) (wait, after int64, ok bool) {
+	debt := int64(n)*p.perUS - credit // > 0
+	wait = ceilDiv(debt, p.count, p.invCount)
+	return wait, -debt, wait <= horizon && debt <= p.maxDebt
 }

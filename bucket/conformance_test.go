@@ -51,3 +51,24 @@ func TestRedisConformanceServerTime(t *testing.T) {
 		return l
 	})
 }
+
+func TestLocalReservations(t *testing.T) {
+	throttletest.RunBucketReservations(t, func(t *testing.T, r throttle.Rate, burst int, c throttle.Clock) throttle.IDLimiter {
+		l, err := NewLocal(r, burst, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisReservations(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunBucketReservations(t, func(t *testing.T, r throttle.Rate, burst int, c throttle.Clock) throttle.IDLimiter {
+		l, err := NewRedis(client, r, burst, WithClock(c), WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}

@@ -33,13 +33,60 @@
 // are admitted with Remaining 2, 1, 0 and ResetAfter 100ms, 200ms, 300ms; a
 // fourth is rejected with RetryAfter 100ms.
 //
+// # Reservations and ids
+//
+// Local and Redis implement throttle.IDLimiter: AllowID(ctx, key, n, id,
+// horizon) decides a request that carries an identity (a stream sequence,
+// a task ID; opaque bytes, scoped to key), so that a rejection is a
+// schedule rather than a bounce, and admission is idempotent. As
+// golang.org/x/time/rate's ReserveN does, a reservation takes its tokens
+// ahead of time: the bucket's credit goes negative, a debt that the refill
+// repays. A new id is admitted if n tokens are there, as AllowN; if not,
+// and the debt after taking them now would be repaid within horizon (wait
+// = (n - tokens) / rate, exactly, in µs), they are taken, the id holds the
+// slot now + wait, and the rejection has Reserved set and RetryAfter =
+// wait rounded up to the millisecond. Beyond the horizon nothing is taken,
+// and RetryAfter is AllowN's. Presented again, an id holding a slot is
+// rejected with the time to it until the slot comes, and then admitted on
+// its reservation (late or not, it takes nothing more); an admitted id is
+// admitted again, taking nothing (a redelivery, another worker, a retry
+// after a lost reply). AllowN never goes ahead of reservations: while the
+// bucket is in debt it rejects, with a RetryAfter that includes the debt.
+// Debt is at most horizon × rate (plus the last request's n), and never
+// more than 2^53 µs minus burst × Per of credit, so the arithmetic stays
+// exact.
+//
+// For example, with 2 per second and a burst of 2, ids a and b at once are
+// admitted; c, d and e at once, with a horizon of 5 s, are reserved at
+// 500ms, 1s and 1.5s (RetryAfter 500ms, 1s, 1.5s), and an AllowN then
+// waits 2s; c presented at 250 ms is rejected with RetryAfter 250ms, and
+// at 500 ms (or later) admitted.
+//
+// Ids are remembered for the time the bucket takes from empty to full,
+// burst × Per / Count (1 s in the example), after their admission or their
+// slot; then they are forgotten, and a forgotten id is a new request. Local
+// keeps them beside each key's bucket and forgets them lazily, in
+// amortized O(1) per id, at the key's next AllowID; a key is forgotten
+// only once its bucket is full and its ids forgotten (or when the LRU
+// needs the room, see Local). Redis keeps them in a sorted set beside the
+// key's hash, prefix + "{" + escaped key + "}" + ":ids" (the same Cluster
+// slot), with members "A:" + id (admitted, scored by the admission
+// instant in µs since the Unix epoch) and "R:" + id (reserved, scored by
+// the slot in µs); the set expires when its newest id is forgotten, and
+// the hash, which holds the debt as negative tokens, when the bucket would
+// be full again. One Lua script (bucket_id.lua) decides each AllowID;
+// AllowN's script is unchanged.
+//
+// The Hybrid does not implement throttle.IDLimiter; see Hybrid.
+//
 // # Errors
 //
 // Constructors return errors wrapping throttle.ErrInvalidOption that name
 // the field (Rate.Count, Rate.Per, burst, client, or the option). AllowN
-// returns an error wrapping throttle.ErrInvalidCost for n < 1 or n > burst,
-// before any store access: such a request could never be admitted and
-// must not be retried. Redis errors, including timeouts, are wrapped as
+// and AllowID return an error wrapping throttle.ErrInvalidCost for n < 1
+// or n > burst, before any store access: such a request could never be
+// admitted and must not be retried. AllowID returns one wrapping
+// throttle.ErrInvalidOption, naming "horizon", for a negative horizon. Redis errors, including timeouts, are wrapped as
 // "bucket: redis: ...".
 //
 // # Redis

@@ -75,3 +75,33 @@ func ExampleNewRedis() {
 		fmt.Println("retry in", d.RetryAfter)
 	}
 }
+
+// Reservations: with 2 per second and a burst of 2, messages c and d,
+// rejected, reserve the next tokens; each is admitted on its reservation
+// when presented again at its slot, and a redelivered id is not charged
+// twice.
+func ExampleLocal_AllowID() {
+	clock := throttletest.NewClock(throttletest.T0)
+	l, err := bucket.NewLocal(throttle.PerSecond(2), 2, bucket.WithClock(clock))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, id := range []string{"a", "b", "c", "d", "a"} {
+		d, _ := l.AllowID(ctx, "stream", 1, id, 5*time.Second)
+		fmt.Printf("%s: allowed=%v reserved=%v retry=%v\n", id, d.Allowed, d.Reserved, d.RetryAfter)
+	}
+	d, _ := l.AllowN(ctx, "stream", 1)
+	fmt.Printf("AllowN: allowed=%v retry=%v\n", d.Allowed, d.RetryAfter)
+	clock.Advance(500 * time.Millisecond)
+	d, _ = l.AllowID(ctx, "stream", 1, "c", 5*time.Second)
+	fmt.Printf("c at 500ms: allowed=%v\n", d.Allowed)
+	// Output:
+	// a: allowed=true reserved=false retry=0s
+	// b: allowed=true reserved=false retry=0s
+	// c: allowed=false reserved=true retry=500ms
+	// d: allowed=false reserved=true retry=1s
+	// a: allowed=true reserved=false retry=0s
+	// AllowN: allowed=false retry=1.5s
+	// c at 500ms: allowed=true
+}

@@ -124,6 +124,14 @@ const (
 // constants; breaker state changes are logged with WithLogger. Stats
 // reports decision counts by source.
 //
+// Ids. A Hybrid does not implement throttle.IDLimiter (AllowID), as Local
+// and Redis do: it decides most requests locally, on leased tokens, with
+// no per-request record in Redis, so it can neither reserve a slot for an
+// id nor know that an id was admitted by another process. A throttle.Gate
+// over a Hybrid falls back to AllowN: its rejections bounce, back to the
+// broker with the RetryAfter and the consumer's jitter, instead of
+// reserving.
+//
 // A Hybrid is safe for concurrent use. Its per-key state is bounded by
 // WithMaxKeys (default 10000) and kept in LRU caches (hashicorp/golang-lru's
 // simplelru). Close stops its background work and returns unused tokens;

@@ -30,7 +30,8 @@ const idleChecks = 2
 // faster than the refill is still admitted at the refill rate. A clock
 // that moves backwards counts as no time passing. Time is kept in whole
 // microseconds, with the same integer arithmetic as Redis, so both give
-// the same decisions at the same instants.
+// the same decisions at the same instants. AllowID adds reservations,
+// which take tokens ahead of time, and idempotent ids (see AllowID).
 //
 // Per-key state lives in bounded LRU caches (hashicorp/golang-lru's
 // simplelru, one per shard), with a lock-free index beside them so that a
@@ -82,8 +83,8 @@ type localShard struct {
 // approximate.
 const promoteEvery = 100_000 // µs
 
-// localState is one key's bucket: credit (see params) at ts, µs since the
-// Unix epoch.
+// localState is one key's bucket: credit (see params; negative while
+// reservations are in debt) at ts, µs since the Unix epoch.
 type localState struct {
 	mu     sync.Mutex
 	dead   bool // forgotten by the LRU: look the key up again
@@ -91,7 +92,8 @@ type localState struct {
 	ts     int64
 	key    string       // immutable
 	moved  atomic.Int64 // µs: when it was last moved to the LRU's front
-	_      [8]byte      // 64 bytes: one cache line, not shared with another key
+	ids    *idSet       // AllowID's ids, made on first use; guarded by mu
+	// 64 bytes in all: one cache line, not shared with another key.
 }
 
 // NewLocal returns an in-process token bucket per key, refilling r.Count
@@ -235,8 +237,8 @@ func (s *localShard) lookup(key string, now int64, p *params) *localState {
 }
 
 // add stores a full bucket for key, first forgetting up to idleChecks of
-// the least recently used keys whose buckets are full again at now. The
-// caller holds s.mu.
+// the least recently used keys whose buckets are full again at now (and
+// whose ids are all forgotten). The caller holds s.mu.
 func (s *localShard) add(key string, now int64, p *params) *localState {
 	for range idleChecks {
 		_, old, ok := s.lru.GetOldest()
@@ -244,8 +246,7 @@ func (s *localShard) add(key string, now int64, p *params) *localState {
 			break
 		}
 		old.mu.Lock()
-		c, _ := p.refill(old.credit, old.ts, now)
-		full := c >= p.cap
+		full := old.forgettable(now, p)
 		// Marked under its lock, so nobody takes from it once found full.
 		old.dead = full
 		old.mu.Unlock()

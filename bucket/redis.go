@@ -33,7 +33,9 @@ var (
 // bucket from the elapsed time, and takes the tokens only if enough are
 // there. A rejection writes nothing: it neither takes tokens nor moves the
 // refill timeline, so a client retrying faster than the refill is still
-// admitted at the refill rate.
+// admitted at the refill rate. AllowID adds reservations, which take
+// tokens ahead of time, and idempotent ids, in a second script (see
+// AllowID).
 //
 // State is one hash per key, {tokens, ts}, holding the bucket's credit at
 // ts in exact integers (a token is worth Per in µs, each µs adds Count;
@@ -64,6 +66,7 @@ type Redis struct {
 
 	// ARGV, formatted and boxed once.
 	argPer, argCount, argCap any
+	argMaxDebt, argMem       any   // AllowID's: maxDebt and memUS (see params)
 	argInt                   []any // argInt[i] = strconv.Itoa(i), for small i
 }
 
@@ -93,16 +96,18 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 		return nil, err
 	}
 	l := &Redis{
-		client:   c,
-		rate:     r,
-		p:        p,
-		prefix:   cfg.prefix,
-		clock:    cfg.clock,
-		timeout:  cfg.timeout,
-		argPer:   strconv.FormatInt(p.perUS, 10),
-		argCount: strconv.FormatInt(p.count, 10),
-		argCap:   strconv.FormatInt(p.cap, 10),
-		argInt:   make([]any, min(burst, maxArgInt)+1),
+		client:     c,
+		rate:       r,
+		p:          p,
+		prefix:     cfg.prefix,
+		clock:      cfg.clock,
+		timeout:    cfg.timeout,
+		argPer:     strconv.FormatInt(p.perUS, 10),
+		argCount:   strconv.FormatInt(p.count, 10),
+		argCap:     strconv.FormatInt(p.cap, 10),
+		argMaxDebt: strconv.FormatInt(p.maxDebt, 10),
+		argMem:     strconv.FormatInt(p.memUS, 10),
+		argInt:     make([]any, min(burst, maxArgInt)+1),
 	}
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
@@ -256,7 +261,7 @@ func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64,
 	}
 	granted, ok1 := vals[0].(int64)
 	credit, ok2 := vals[1].(int64)
-	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < 0 || credit > l.p.cap {
+	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < -l.p.maxDebt || credit > l.p.cap {
 		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
 	}
 	return int(granted), credit, nil

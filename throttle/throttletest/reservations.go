@@ -143,7 +143,7 @@ var bucketIDTables = []idTable{
 			{at: 500 * ms, id: "c", horizon: horizon5s, allowed: true},
 			{at: time.Second, id: "d", horizon: horizon5s, allowed: true},
 			{at: time.Second, id: "f", horizon: horizon5s, reserved: true, retryAfter: time.Second},
-			{at: time.Second, retryAfter: time.Second},                  // AllowN waits for the debt too
+			{at: time.Second, retryAfter: 1500 * ms},                    // AllowN waits for the debt (e, f) and its own token
 			{at: 1600 * ms, id: "e", horizon: horizon5s, allowed: true}, // late: runs on its tokens
 			{at: 2 * time.Second, id: "f", horizon: horizon5s, allowed: true},
 			{at: 2 * time.Second, id: "g", horizon: horizon5s, reserved: true, retryAfter: 500 * ms},

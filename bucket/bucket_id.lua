@@ -1,0 +1,145 @@
+-- bucket_id.lua: one token-bucket decision for a request with an id
+-- (AllowID), atomically: reservations take tokens ahead of time, as
+-- golang.org/x/time/rate's ReserveN does, and ids make admission
+-- idempotent. The twin of Local.AllowID (local_ids.go); the credit
+-- arithmetic and the hash are bucket.lua's, except that credit may be
+-- negative: a debt of reservations.
+--
+-- KEYS[1]  the bucket's hash {tokens, ts} (see bucket.lua). A missing key
+--          is a full bucket.
+-- KEYS[2]  the key's ids: a sorted set beside the hash, in the same slot.
+--          Members "A:"..id (admitted, scored by the admission instant)
+--          and "R:"..id (reserved, scored by the slot), µs since the Unix
+--          epoch.
+-- ARGV[1]  per: credit per token = the refill period in µs (integer).
+-- ARGV[2]  count: credit added per µs = tokens per period (integer).
+-- ARGV[3]  cap: credit of a full bucket = burst * per.
+-- ARGV[4]  n: the cost (1 <= n <= burst, checked by the caller).
+-- ARGV[5]  id: the request's identity, opaque bytes.
+-- ARGV[6]  horizon: reserve only a slot at most this far ahead, µs (>= 0).
+-- ARGV[7]  maxdebt: credit never goes below -maxdebt (cap + maxdebt <=
+--          2^53, so every sum here is exact).
+-- ARGV[8]  memory: how long an id is remembered after its admission or
+--          slot, µs: the time from empty to full, ceil(cap / count).
+-- ARGV[9]  optional: now, µs, from the client's clock. Absent: now is the
+--          server's TIME.
+--
+-- A clock behind the bucket's ts counts as no time passing: now is ts.
+-- Ids at or before now - memory are forgotten first. Then: an admitted id
+-- is admitted again, charged nothing; a reserved id is rejected with the
+-- time to its slot while the slot is ahead, and admitted on its
+-- reservation (its tokens were taken when it was made) once the slot has
+-- come, which records it as admitted at now. Otherwise, as bucket.lua:
+-- admitted if n tokens are there, taking them; else, if taking them now
+-- leaves a debt that the refill repays within the horizon (wait =
+-- ceil((n * per - credit) / count) µs), they are taken and the id is
+-- reserved at now + wait; else nothing is written. After a write the hash
+-- expires when the bucket would be full again, counting the debt, and the
+-- ids set when its newest entry is forgotten (PEXPIRE GT: Redis 7.0 or
+-- newer). With a client clock that moves backwards, after the hash has
+-- expired, the set may expire before an older id is forgotten.
+--
+-- Returns {allowed (0|1), credit, wait_us, reserved (0|1)}: credit = what
+-- is left after the decision (or there, when nothing was taken; negative
+-- with a debt); wait_us = 0 when admitted, else the time to the slot
+-- (reserved) or until the request would fit (not reserved).
+
+local key = KEYS[1]
+local ids = KEYS[2]
+local per = tonumber(ARGV[1])
+local count = tonumber(ARGV[2])
+local cap = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local id = ARGV[5]
+local horizon = tonumber(ARGV[6])
+local maxdebt = tonumber(ARGV[7])
+local memory = tonumber(ARGV[8])
+
+local now
+if ARGV[9] then
+	now = tonumber(ARGV[9])
+else
+	local t = redis.call("TIME")
+	now = t[1] * 1000000 + t[2]
+end
+
+local st = redis.call("HMGET", key, "tokens", "ts")
+local credit = tonumber(st[1])
+local ts = tonumber(st[2])
+if credit == nil or ts == nil then
+	credit = cap
+	ts = now
+elseif now > ts then
+	-- Beyond cap the product may be inexact; it is clamped to cap anyway.
+	credit = credit + (now - ts) * count
+	ts = now
+else
+	now = ts
+end
+if credit > cap then
+	credit = cap
+end
+
+-- ceil(a / b) for integers 0 <= a <= 2^53, b >= 1 (the float quotient's
+-- floor is exact in that range).
+local function ceildiv(a, b)
+	local q = math.floor(a / b)
+	if q * b < a then
+		q = q + 1
+	end
+	return q
+end
+
+redis.call("ZREMRANGEBYSCORE", ids, "-inf", now - memory)
+
+-- remember records member at score and keeps the ids set until its newest
+-- entry is forgotten. newest: no entry is later than score, which holds
+-- for a fresh admission (no debt left: every slot has passed) and for a
+-- reservation (slots come in order, after now); else the set exists, with
+-- an expiry, and GT keeps a later one.
+local function remember(member, score, newest)
+	redis.call("ZADD", ids, score, member)
+	local ttl = ceildiv(score - now + memory, 1000)
+	if newest then
+		redis.call("PEXPIRE", ids, ttl)
+	else
+		redis.call("PEXPIRE", ids, ttl, "GT")
+	end
+end
+
+-- store writes the bucket and makes it expire when full again.
+local function store(c)
+	redis.call("HSET", key, "tokens", c, "ts", ts)
+	redis.call("PEXPIRE", key, ceildiv(cap - c, count * 1000))
+end
+
+local s = redis.call("ZMSCORE", ids, "A:" .. id, "R:" .. id)
+if s[1] then
+	return {1, credit, 0, 0}
+end
+if s[2] then
+	local slot = tonumber(s[2])
+	if slot > now then
+		return {0, credit, slot - now, 1}
+	end
+	redis.call("ZREM", ids, "R:" .. id)
+	remember("A:" .. id, now, false)
+	return {1, credit, 0, 0}
+end
+
+local need = n * per
+if credit >= need then
+	credit = credit - need
+	store(credit)
+	remember("A:" .. id, now, true)
+	return {1, credit, 0, 0}
+end
+
+local debt = need - credit -- > 0: the credit missing after taking now
+local wait = ceildiv(debt, count)
+if wait <= horizon and debt <= maxdebt then
+	store(-debt)
+	remember("R:" .. id, now + wait, true)
+	return {0, -debt, wait, 1}
+end
+return {0, credit, wait, 0}

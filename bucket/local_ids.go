@@ -1,0 +1,207 @@
+package bucket
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// AllowID is AllowN for a request with identity id (opaque bytes, scoped
+// to key), as throttle.IDLimiter describes, with tokens taken ahead of
+// time as golang.org/x/time/rate's ReserveN takes them:
+//
+//   - an id admitted and still remembered is admitted again, taking
+//     nothing;
+//   - an id holding a reservation is rejected with Reserved and a
+//     RetryAfter of the time to its slot while the slot is ahead, taking
+//     nothing, and admitted on its reservation once the slot has come (its
+//     tokens were taken when it was reserved);
+//   - otherwise it is admitted if n tokens are there, as AllowN; if not,
+//     and taking them now leaves a debt that the refill repays within
+//     horizon, it takes them (the bucket's credit goes negative), reserves
+//     the instant the debt is repaid for id, and rejects with Reserved and
+//     a RetryAfter of the time to it. Beyond the horizon it takes nothing
+//     and rejects as AllowN does (Reserved false). horizon 0 never
+//     reserves; horizons beyond 2^52 µs act as 2^52 µs.
+//
+// While the bucket is in debt AllowN rejects, with a RetryAfter that
+// includes the debt, so it never goes ahead of a reservation. Ids are
+// remembered for the bucket's time from empty to full (burst × Per /
+// Count) after their admission or slot, then forgotten: a forgotten id is
+// a new request. The same id should be presented with the same n. See the
+// package documentation.
+//
+// Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst, and
+// one wrapping throttle.ErrInvalidOption (naming "horizon") for horizon <
+// 0. ctx is unused. AllowID allocates when it records a new id.
+func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	if n < 1 || n > l.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
+	}
+	if horizon < 0 {
+		return throttle.Decision{}, errHorizon(horizon)
+	}
+	var now int64
+	if l.sysClock {
+		now = l.baseUS + int64(time.Since(l.base)/time.Microsecond)
+	} else {
+		now = l.clock.Now().UnixMicro()
+	}
+	s := &l.shards[l.shardOf(key)]
+	st := s.last.Load()
+	if st == nil || st.key != key {
+		st = s.lookup(key, now, &l.p)
+	}
+	st.mu.Lock()
+	for st.dead {
+		st.mu.Unlock()
+		st = s.lookup(key, now, &l.p)
+		st.mu.Lock()
+	}
+	d := l.decideID(st, now, n, id, horizonMicros(horizon))
+	st.mu.Unlock()
+	return d, nil
+}
+
+// decideID is AllowID's algorithm at the instant now (µs), on st, locked;
+// bucket_id.lua is its twin.
+func (l *Local) decideID(st *localState, now int64, n int, id string, horizon int64) throttle.Decision {
+	p := &l.p
+	credit, ts := p.refill(st.credit, st.ts, now)
+	now = ts // a clock behind the bucket's time counts as no time passing
+	if ids := st.ids; ids != nil {
+		ids.forget(now - p.memUS)
+		if r, ok := ids.m[id]; ok {
+			switch {
+			case !r.reserved:
+				return p.decision(true, n, credit, l.rate.Count, throttle.SourceLocal)
+			case r.at > now:
+				d := p.decision(false, n, credit, l.rate.Count, throttle.SourceLocal)
+				d.RetryAfter, d.Reserved = micros(r.at-now), true
+				return d
+			}
+			ids.add(id, now, false, p.memUS) // admitted on its reservation
+			return p.decision(true, n, credit, l.rate.Count, throttle.SourceLocal)
+		}
+	}
+	if need := int64(n) * p.perUS; credit >= need {
+		credit -= need
+		st.credit, st.ts = credit, ts
+		st.idSet().add(id, now, false, p.memUS)
+		return p.decision(true, n, credit, l.rate.Count, throttle.SourceLocal)
+	}
+	wait, after, ok := p.reservation(n, credit, horizon)
+	if !ok {
+		return p.decision(false, n, credit, l.rate.Count, throttle.SourceLocal)
+	}
+	st.credit, st.ts = after, ts
+	st.idSet().add(id, now+wait, true, p.memUS)
+	d := p.decision(false, n, after, l.rate.Count, throttle.SourceLocal)
+	d.RetryAfter, d.Reserved = micros(wait), true
+	return d
+}
+
+// idSet returns st's ids, making them on first use. The caller holds
+// st.mu.
+func (st *localState) idSet() *idSet {
+	if st.ids == nil {
+		st.ids = &idSet{m: make(map[string]idRecord)}
+	}
+	return st.ids
+}
+
+// forgettable reports whether st may be forgotten at now: its bucket is
+// full again and every id it remembers is forgotten. The caller holds
+// st.mu.
+func (st *localState) forgettable(now int64, p *params) bool {
+	c, _ := p.refill(st.credit, st.ts, now)
+	return c >= p.cap && (st.ids == nil || st.ids.until <= now)
+}
+
+// idSet is the ids one key's bucket remembers: each with the instant (µs)
+// of its admission, or of the slot it holds. Ids are forgotten lazily, by
+// the key's next AllowID, from two queues in the order of their instants
+// (admissions come at now, slots in the order they are made, both
+// nondecreasing with the bucket's time), so each id costs O(1) amortized
+// and the set holds only the ids of the last burst × Per / Count, plus the
+// reservations ahead.
+type idSet struct {
+	m     map[string]idRecord
+	queue [2]idQueue // [0] admitted, [1] reserved
+	until int64      // µs: every id is forgotten by then
+}
+
+type idRecord struct {
+	at       int64 // µs: admitted at, or the slot held
+	reserved bool
+}
+
+type idQueue struct {
+	items []idItem // items[head:] wait to be forgotten
+	head  int
+}
+
+type idItem struct {
+	id string
+	at int64
+}
+
+// add records id at at (µs), reserved or admitted, to be forgotten at at
+// + mem.
+func (s *idSet) add(id string, at int64, reserved bool, mem int64) {
+	id = strings.Clone(id) // not retaining the caller's memory
+	s.m[id] = idRecord{at: at, reserved: reserved}
+	q := &s.queue[0]
+	if reserved {
+		q = &s.queue[1]
+	}
+	q.items = append(q.items, idItem{id: id, at: at})
+	s.until = max(s.until, at+mem)
+}
+
+// forget drops the ids recorded at or before cutoff (µs).
+func (s *idSet) forget(cutoff int64) {
+	for i := range s.queue {
+		q := &s.queue[i]
+		reserved := i == 1
+		for q.head < len(q.items) && q.items[q.head].at <= cutoff {
+			it := q.items[q.head]
+			// The id may have been recorded again since (a reservation
+			// admitted, or an id forgotten and seen anew): only its own
+			// record goes.
+			if r, ok := s.m[it.id]; ok && r.at == it.at && r.reserved == reserved {
+				delete(s.m, it.id)
+			}
+			q.items[q.head] = idItem{}
+			q.head++
+		}
+		switch {
+		case q.head == len(q.items):
+			q.items, q.head = q.items[:0], 0
+		case q.head >= 64 && q.head*2 >= len(q.items):
+			k := copy(q.items, q.items[q.head:])
+			clear(q.items[k:])
+			q.items, q.head = q.items[:k], 0
+		}
+	}
+}
+
+// idCount reports how many ids key's bucket remembers (for tests).
+func (l *Local) idCount(key string) int {
+	s := &l.shards[l.shardOf(key)]
+	v, ok := s.index.Load(key)
+	if !ok {
+		return 0
+	}
+	st := v.(*localState)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ids == nil {
+		return 0
+	}
+	return len(st.ids.m)
+}
+
+var _ throttle.IDLimiter = (*Local)(nil)

@@ -1,0 +1,107 @@
+package bucket
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+var (
+	//go:embed bucket_id.lua
+	bucketIDLua string
+	// idScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
+	idScript = redis.NewScript(bucketIDLua)
+)
+
+// idsSuffix names a key's ids set beside its bucket hash: after the hash
+// tag, so in the same slot; a bucket key always ends with the tag's '}',
+// so none ends with it.
+const idsSuffix = ":ids"
+
+// AllowID is AllowN for a request with identity id (opaque bytes, scoped
+// to key), as throttle.IDLimiter describes, with tokens taken ahead of
+// time as golang.org/x/time/rate's ReserveN takes them. The rules are
+// Local.AllowID's, decided in one Lua script (bucket_id.lua) per call at
+// the Redis server's TIME (or the WithClock clock):
+//
+//   - an id admitted and still remembered is admitted again, taking
+//     nothing (a redelivery, another worker, a retry after a lost reply
+//     or a timeout);
+//   - an id holding a reservation is rejected with Reserved and a
+//     RetryAfter of the time to its slot while the slot is ahead, taking
+//     nothing, and admitted on its reservation once the slot has come;
+//   - otherwise it is admitted if n tokens are there, as AllowN; if not,
+//     and taking them now leaves a debt that the refill repays within
+//     horizon, it takes them (the bucket's credit goes negative), reserves
+//     the instant the debt is repaid for id, and rejects with Reserved and
+//     a RetryAfter of the time to it. Beyond the horizon it writes nothing
+//     and rejects as AllowN does (Reserved false). horizon 0 never
+//     reserves; horizons beyond 2^52 µs act as 2^52 µs.
+//
+// Ids live in a sorted set beside the key's hash, prefix + "{" + escaped
+// key + "}" + ":ids", members "A:" + id (admitted) and "R:" + id
+// (reserved) scored in µs; they are remembered for the bucket's time from
+// empty to full (burst × Per / Count) after their admission or slot, and
+// the set expires when its newest id is forgotten. The same id should be
+// presented with the same n. See the package documentation.
+//
+// Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst, and
+// one wrapping throttle.ErrInvalidOption (naming "horizon") for horizon <
+// 0, both before any Redis call; otherwise a Redis or context error
+// (including the WithTimeout deadline), wrapped as "bucket: redis: ...".
+// After such an error the request may or may not have been decided:
+// presenting the same id again never charges it twice.
+func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	if n < 1 || n > l.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
+	}
+	if horizon < 0 {
+		return throttle.Decision{}, errHorizon(horizon)
+	}
+	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	defer cancel()
+	k := rediskey.Key(l.prefix, key)
+	keys := []string{k, k + idsSuffix}
+	h := strconv.FormatInt(horizonMicros(horizon), 10)
+	var cmd *redis.Cmd
+	if l.clock == nil {
+		cmd = idScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n), id, h, l.argMaxDebt, l.argMem)
+	} else {
+		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
+		cmd = idScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n), id, h, l.argMaxDebt, l.argMem, now)
+	}
+	res, err := cmd.Result()
+	if err != nil {
+		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", err)
+	}
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 4 {
+		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
+	}
+	var v [4]int64
+	for i, x := range vals {
+		if v[i], ok = x.(int64); !ok {
+			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
+		}
+	}
+	allowed, credit, wait, reserved := v[0] == 1, v[1], v[2], v[3] == 1
+	if credit < -l.p.maxDebt || credit > l.p.cap || wait < 0 {
+		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
+	}
+	d := l.p.decision(allowed, n, credit, l.rate.Count, throttle.SourceRedis)
+	if !allowed {
+		d.RetryAfter = max(micros(wait), time.Millisecond)
+		d.Reserved = reserved
+	}
+	return d, nil
+}
+
+var _ throttle.IDLimiter = (*Redis)(nil)
