@@ -123,7 +123,7 @@ func (m *Memory) Len() int {
 
 func (s *memoryShard) sweep(now, window int64) {
 	for k, l := range s.logs {
-		if l.newest()+window <= now {
+		if l.newest()+window <= now && l.lateUntil <= now {
 			delete(s.logs, k)
 		}
 	}

@@ -40,6 +40,29 @@ type windowLog struct {
 	units int   // sum of n over the live entries
 	floor int64 // µs: the newest admission ever made, the clock floor
 	ids   map[string]int64
+	// late holds the slots of reservations that left the window
+	// unclaimed, which a late claim may still take for up to the grace of
+	// the decision (see lateGrace); lateUntil bounds them all.
+	late      map[string]int64
+	lateUntil int64 // µs: when the last of late passes its grace
+	lateFloor int64 // µs: slots at or before it are gone (the Redis set dropped them)
+	lateSweep int64 // µs: when late is next pruned
+}
+
+// lateGrace is how long after its window a reservation that was never
+// claimed can still be claimed, with its priority, instead of queueing
+// again at the tail: a broker can redeliver seconds late (JetStream
+// checks a long pending list only between acks), and a reservation
+// passes unclaimed after one window. A decision's grace is the smaller of
+// this and its horizon (none for AllowN).
+const lateGrace = 10_000_000 // µs
+
+// grace returns the late-claim grace of a decision with horizon µs.
+func grace(withID bool, horizon int64) int64 {
+	if !withID {
+		return 0
+	}
+	return min(horizon, lateGrace)
 }
 
 func (l *windowLog) live() []entry { return l.es[l.head:] }
@@ -52,13 +75,22 @@ func (l *windowLog) newest() int64 {
 	return l.floor
 }
 
-// drop forgets the entries that left the window by now.
-func (l *windowLog) drop(now, window int64) {
+// drop forgets the entries that left the window by now, keeping the slots
+// of unclaimed reservations for grace µs more, and forgets those older.
+func (l *windowLog) drop(now, window, grace int64) {
+	l.lateFloor = max(l.lateFloor, now-window-grace)
 	for l.head < len(l.es) && l.es[l.head].at <= now-window {
 		e := &l.es[l.head]
 		l.units -= e.n
 		if e.named {
 			delete(l.ids, e.id)
+			if e.reserved && e.at > l.lateFloor {
+				if l.late == nil {
+					l.late = make(map[string]int64)
+				}
+				l.late[e.id] = e.at
+				l.lateUntil = max(l.lateUntil, e.at+window+grace)
+			}
 		}
 		*e = entry{}
 		l.head++
@@ -66,6 +98,24 @@ func (l *windowLog) drop(now, window int64) {
 	if l.head == len(l.es) {
 		l.es, l.head = l.es[:0], 0
 	}
+	if len(l.late) > 0 && now >= l.lateSweep {
+		for id, slot := range l.late {
+			if slot <= l.lateFloor {
+				delete(l.late, id)
+			}
+		}
+		l.lateSweep = now + window
+	}
+}
+
+// lateSlot returns the slot of id's reservation if it left the window
+// unclaimed and is still within its grace, and forgets it.
+func (l *windowLog) lateSlot(id string) (int64, bool) {
+	slot, ok := l.late[id]
+	if ok {
+		delete(l.late, id)
+	}
+	return slot, ok && slot > l.lateFloor
 }
 
 // insert adds e at its place: after every entry at or before e.at.
@@ -128,18 +178,32 @@ func (l *windowLog) remove(i int) {
 	l.es = l.es[:len(l.es)-1]
 }
 
-// unitsSince returns the units of the entries in (from, to].
-func (l *windowLog) unitsIn(from, to int64) int {
+// ahead returns what a claim of the reservation at slot is judged on: the
+// units in (from, to] that were admitted or hold an earlier slot
+// (reservations for the same or later slots, even overdue, are not ahead
+// of it: whoever of them comes first goes first). When they
+// and n more exceed limit, it also returns the instant the k-th oldest of
+// them leaves, k = units + n - limit: where the claim fits.
+func (l *windowLog) ahead(from, to, slot int64, n, limit int, window int64) (int, int64) {
+	counts := func(e entry) bool { return e.at > from && e.at <= to && (!e.reserved || e.at < slot) }
 	sum := 0
 	for _, e := range l.live() {
-		if e.at > to {
-			break
-		}
-		if e.at > from {
+		if counts(e) {
 			sum += e.n
 		}
 	}
-	return sum
+	if sum+n <= limit {
+		return sum, 0
+	}
+	k := sum + n - limit
+	for _, e := range l.live() {
+		if counts(e) {
+			if k -= e.n; k <= 0 {
+				return sum, e.at + window
+			}
+		}
+	}
+	return sum, to + window // not reached: k <= sum
 }
 
 // kthUnit returns the instant of the k-th oldest unit (k >= 1) among the
@@ -171,8 +235,10 @@ type limits struct {
 func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int64, lim limits) throttle.Decision {
 	limit, window := lim.limit, lim.window
 	now = max(now, l.floor)
-	l.drop(now, window)
+	g := grace(withID, horizon)
+	l.drop(now, window, g)
 	if withID {
+		slot, claim := l.lateSlot(id)
 		if i := l.find(id); i >= 0 {
 			e := l.es[i]
 			switch {
@@ -181,16 +247,20 @@ func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int
 			case e.at > now: // too early for its slot
 				return l.rejected(now, e.at, true, lim)
 			}
-			// Its slot has come: admitted now if the last window allows
-			// it. Reservations behind it do not delay it (they were made
-			// after it), so a late claim is judged on the past alone; if
-			// others came first, it is re-reserved where the last window
-			// will allow it.
 			l.remove(i)
-			if past := l.unitsIn(now-window, now); past+n > limit {
-				slot := l.kthUnit(now-window, past+n-limit) + window
-				l.insert(entry{at: slot, n: n, id: id, named: true, reserved: true})
-				return l.rejected(now, slot, true, lim)
+			slot, claim = e.at, true
+		}
+		if claim {
+			// Its slot has come (or passed): admitted now if the last
+			// window allows it. It is judged on the past alone, and only
+			// on what is ahead of it (admissions, and reservations for
+			// earlier slots): a late claim must not push
+			// the schedule behind it, nor wait for reservations made
+			// after it. If others came first, it is re-reserved where the
+			// last window will allow it.
+			if past, fit := l.ahead(now-window, now, slot, n, limit, window); past+n > limit {
+				l.insert(entry{at: fit, n: n, id: id, named: true, reserved: true})
+				return l.rejected(now, fit, true, lim)
 			}
 			return l.admit(now, n, id, true, lim)
 		}

@@ -21,17 +21,20 @@
 -- ARGV[7]  optional, with ARGV[6]: the client's reading had a part below
 --          the µs (ARGV[6] is rounded up): the window is one µs longer.
 --
--- Units with score <= now - window are dropped first. Then, for AllowID:
--- an id with admitted units is admitted again without a charge; an id with
--- a future reservation is rejected with the time to it; an id whose slot
--- has come is admitted now if the last window (now-window, now] leaves
--- room (reservations made after it never delay it), else re-reserved where
--- that window will. Otherwise n units are admitted now if that keeps every
+-- Units count while score > now - window; they are dropped once score <=
+-- now - window - grace (grace: AllowID's horizon, at most 10 s; 0 for
+-- AllowN), so that a reservation that passed unclaimed can still be
+-- claimed late. Then, for AllowID: an id with counted admitted units is
+-- admitted again without a charge; an id with a future reservation is
+-- rejected with the time to it; an id whose slot has come (or passed,
+-- within the grace) is admitted now if the last window (now-window, now]
+-- leaves room (reservations made after it never delay it), else
+-- re-reserved where that window will. Otherwise n units are admitted now if that keeps every
 -- window containing now within limit, reservations included; else the
 -- earliest such instant is the slot (the tail of the schedule, or a gap
 -- within 3 windows before it), reserved for AllowID when it lies within
 -- the horizon. Every write extends the key's expiry to cover its newest
--- unit (PEXPIRE GT: Redis 7.0 or newer).
+-- unit and the grace (PEXPIRE NX and GT: Redis 7.0 or newer).
 --
 -- Returns {allowed (0|1), remaining, retry_after_us, reset_after_us,
 -- reserved (0|1)}: remaining = limit - units held after the decision
@@ -46,6 +49,13 @@ local n = tonumber(ARGV[3])
 local base = ARGV[4]
 local horizon = tonumber(ARGV[5])
 local withID = horizon >= 0
+-- A reservation that left the window unclaimed can still be claimed, with
+-- its priority, for this long (lateGrace in schedule.go): its units stay
+-- in the set, uncounted, until then.
+local grace = 0
+if withID then
+	grace = math.min(horizon, 10000000)
+end
 
 local now
 if ARGV[6] then
@@ -66,8 +76,19 @@ else
 	window = window + 1
 end
 
-redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
-local count = redis.call("ZCARD", key)
+-- excl is the exclusive score bound "(x" (string.format keeps every digit,
+-- where concatenation would print a µs instant in %.14g).
+local function excl(x)
+	return "(" .. string.format("%d", x)
+end
+
+redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
+local count
+if grace == 0 then
+	count = redis.call("ZCARD", key)
+else
+	count = redis.call("ZCOUNT", key, excl(now - window), "+inf")
+end
 
 -- Batches keep unpack() well inside Lua's stack limit.
 local function zadd(score, prefix)
@@ -96,14 +117,14 @@ local function zadd(score, prefix)
 end
 
 -- expire makes the key live until its newest unit at score leaves the
--- window; fresh: the key did not exist before this call wrote it.
+-- window and the grace after it; fresh: the key may not have existed
+-- before this call wrote it (nothing was counted), so may have no expiry.
 local function expire(score, fresh)
-	local ms = math.ceil((score + window - now) / 1000)
+	local ms = math.ceil((score + window + grace - now) / 1000)
 	if fresh then
-		redis.call("PEXPIRE", key, ms)
-	else
-		redis.call("PEXPIRE", key, ms, "GT")
+		redis.call("PEXPIRE", key, ms, "NX")
 	end
+	redis.call("PEXPIRE", key, ms, "GT")
 end
 
 local function newest()
@@ -137,12 +158,6 @@ local function reject(slot, reserve)
 	return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
 end
 
--- excl is the exclusive score bound "(x" (string.format keeps every digit,
--- where concatenation would print a µs instant in %.14g).
-local function excl(x)
-	return "(" .. string.format("%d", x)
-end
-
 -- kth returns the score of the k-th oldest unit after from (k >= 1).
 local function kth(from, k)
 	local s = redis.call("ZRANGE", key, excl(from), "+inf", "BYSCORE", "LIMIT", k - 1, 1, "WITHSCORES")[2]
@@ -154,7 +169,7 @@ end
 
 if withID then
 	local s = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
-	if s[1] then
+	if s[1] and tonumber(s[1]) > now - window then
 		return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
 	end
 	if s[2] then
@@ -167,12 +182,27 @@ if withID then
 		for i = 1, n do
 			units[i] = "R" .. i .. ":" .. base
 		end
-		count = count - redis.call("ZREM", key, unpack(units))
-		local past = redis.call("ZCOUNT", key, excl(now - window), now)
-		if past + n <= limit then
+		local removed = redis.call("ZREM", key, unpack(units))
+		if slot > now - window then
+			count = count - removed -- else it was no longer counted
+		end
+		-- Judged on what is ahead of it: admissions, and reservations for
+		-- earlier slots (ahead in schedule.go).
+		if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
 			return admit()
 		end
-		return reject(kth(now - window, past + n - limit) + window, true)
+		local raw = redis.call("ZRANGE", key, excl(now - window), now, "BYSCORE", "WITHSCORES")
+		local at = {}
+		for i = 1, #raw, 2 do
+			local score = tonumber(raw[i + 1])
+			if string.byte(raw[i]) ~= 82 or score < slot then -- 82: "R"
+				at[#at + 1] = score
+			end
+		end
+		if #at + n <= limit then
+			return admit()
+		end
+		return reject(at[#at + n - limit] + window, true)
 	end
 end
 

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 

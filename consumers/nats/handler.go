@@ -49,6 +49,7 @@ type Handler struct {
 	wg      sync.WaitGroup // held-message goroutines, whole lifetime
 	holding sync.WaitGroup // held-message goroutines, until they stop holding
 	stop    chan struct{}  // closed when Close gives up waiting
+	sem     chan struct{}  // WithConcurrency > 1: one token per message being decided
 	stopped sync.Once
 
 	held       atomic.Int64 // messages in the hold loop
@@ -107,6 +108,9 @@ func build(next jetstream.MessageHandler, g *throttle.Gate, opts []Option) (*Han
 		tracer: cfg.tracerProvider.Tracer(ScopeName,
 			trace.WithInstrumentationVersion(throttle.Version),
 			trace.WithSchemaURL(semconv.SchemaURL)),
+	}
+	if cfg.concurrency > 1 {
+		h.sem = make(chan struct{}, cfg.concurrency)
 	}
 	switch {
 	case err != nil:
@@ -175,6 +179,35 @@ func (h *Handler) Handle(msg jetstream.Msg) {
 		zero.misconfigured(&throttle.OptionError{Field: "Handler", Reason: "not built by New (zero Handler)"})(msg)
 		return
 	}
+	if h.sem == nil || !h.startAsync() {
+		h.handle(msg, time.Now())
+		return
+	}
+	arrived := time.Now()
+	go func() {
+		defer h.wg.Done()
+		defer func() { <-h.sem }()
+		h.handle(msg, arrived)
+	}()
+}
+
+// startAsync takes one of the WithConcurrency goroutines, waiting for one
+// to be free, and reports false when the Handler is closing (the message
+// is then decided on the caller's goroutine).
+func (h *Handler) startAsync() bool {
+	h.sem <- struct{}{}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		<-h.sem
+		return false
+	}
+	h.wg.Add(1)
+	return true
+}
+
+// handle decides msg, which reached Handle at arrived.
+func (h *Handler) handle(msg jetstream.Msg, arrived time.Time) {
 	ctx, span := h.startSpan(msg)
 	key, cost, err := h.request(msg)
 	if err != nil {
@@ -182,16 +215,17 @@ func (h *Handler) Handle(msg jetstream.Msg) {
 		span.End()
 		return
 	}
-	h.decide(ctx, span, &request{msg: msg, key: key, cost: cost, id: requestID(msg)})
+	h.decide(ctx, span, &request{msg: msg, key: key, cost: cost, id: requestID(msg), arrived: arrived})
 }
 
 // request is a message being decided, with its key, cost and identity.
 type request struct {
-	msg   jetstream.Msg
-	key   string
-	cost  int
-	id    string // "" when the message has no metadata
-	waits int    // in-process waits for a slot so far (see wait)
+	msg     jetstream.Msg
+	key     string
+	cost    int
+	id      string    // "" when the message has no metadata
+	arrived time.Time // when this delivery reached Handle
+	waits   int       // in-process waits for a slot so far (see wait)
 }
 
 // requestID is the identity the Gate decides msg by: its stream and
@@ -216,7 +250,7 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 		span.End()
 		return
 	}
-	if d.Reserved && retry <= h.cfg.maxWait && h.startWait(r) {
+	if d.Reserved && retry <= h.cfg.maxWait && h.startWait(r, retry) {
 		go h.wait(ctx, span, r, retry)
 		return
 	}
@@ -251,15 +285,13 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 	go h.hold(ctx, span, r, d)
 }
 
-// maxWaits bounds the in-process waits of one delivery, so that a message
-// whose slot keeps moving goes back to the broker instead.
-const maxWaits = 4
-
-// startWait registers a goroutine that waits in process for r's slot. It
-// reports false when the Handler is closing or r has waited maxWaits
-// times on this delivery.
-func (h *Handler) startWait(r *request) bool {
-	if r.waits >= maxWaits {
+// startWait registers a goroutine that waits d in process for r's slot.
+// It reports false when the Handler is closing, or when the delivery would
+// then have been kept past half its ack wait: a message whose slot keeps
+// moving goes back to the broker, long before the server would redeliver
+// it.
+func (h *Handler) startWait(r *request, d time.Duration) bool {
+	if time.Since(r.arrived)+d > h.cfg.shortestAckWait()/2 {
 		return false
 	}
 	h.mu.Lock()

@@ -33,7 +33,7 @@ const (
 	configErrorHeartbeat = time.Second
 	// DefaultMaxWait is how close a reserved slot must be for the message
 	// to wait for it in process instead of a NAK (see WithMaxWait).
-	DefaultMaxWait = 250 * time.Millisecond
+	DefaultMaxWait = time.Second
 	// minHeartbeat is the shortest interval between InProgress heartbeats,
 	// and the shortest default decision timeout.
 	minHeartbeat = 10 * time.Millisecond
@@ -59,6 +59,7 @@ type config struct {
 	jitterFraction float64
 	jitterMax      time.Duration
 	maxWait        time.Duration // < 0: not set, the default applies
+	concurrency    int
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
 	onError        func(jetstream.Msg, error)
@@ -92,7 +93,7 @@ func newConfig(opts []Option) (config, error) {
 			Reason: fmt.Sprintf("%v must be below the consumer's shortest ack wait %v (AckWait and BackOff)", c.decision, c.shortestAckWait())}
 	}
 	if c.maxWait < 0 {
-		c.maxWait = min(DefaultMaxWait, c.shortestAckWait()/10)
+		c.maxWait = min(DefaultMaxWait, c.shortestAckWait()/4)
 	} else if first == nil && c.maxWait >= c.shortestAckWait()/2 {
 		first = &throttle.OptionError{Field: "WithMaxWait",
 			Reason: fmt.Sprintf("%v must be below half the consumer's shortest ack wait %v", c.maxWait, c.shortestAckWait())}
@@ -300,6 +301,27 @@ func WithMaxWait(d time.Duration) Option {
 			return &throttle.OptionError{Field: "WithMaxWait", Reason: fmt.Sprintf("must be >= 0, got %v", d)}
 		}
 		c.maxWait = d
+		return nil
+	})
+}
+
+// WithConcurrency makes Handle decide (and run the wrapped handler for) up
+// to n messages at once, each on a goroutine of its own; Handle then
+// returns once the message is handed to one, and waits while n are busy,
+// which holds back the Consume callback. Default 1: every decision on the
+// Consume callback's goroutine, one at a time. With a Redis limiter the
+// decisions are round trips, so one at a time can fall behind a burst of
+// thousands of messages, and the reserved slots of the messages that come
+// back meanwhile are then claimed late; 8 to 32 keeps up. The wrapped
+// handler must be safe for concurrent use either way (see the package
+// documentation); messages are decided in about the order they arrive,
+// not strictly. n must be >= 1.
+func WithConcurrency(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return &throttle.OptionError{Field: "WithConcurrency", Reason: fmt.Sprintf("must be >= 1, got %d", n)}
+		}
+		c.concurrency = n
 		return nil
 	})
 }

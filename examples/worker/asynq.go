@@ -80,7 +80,7 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter,
 	scfg := asynq.Config{
 		// Room for the tasks that wait in the handler for a reserved slot
 		// at most DelayedTaskCheckInterval + 1 s ahead.
-		Concurrency: 100,
+		Concurrency: 300,
 		Queues:      map[string]int{queue: 1},
 		// Throttling is not a failure: the retry count stays, and the
 		// task is neither counted as failed nor archived. (Compose your

@@ -25,6 +25,13 @@ const (
 // span T are at most burst + (T + hybridHold) × rate.
 const hybridHold = 500 * time.Millisecond
 
+// redisTimeout bounds each Redis call of the window and bucket limiters.
+// The timeout also covers the wait for a pooled connection, and a flood
+// on 2 cores shared by NATS, asynq and redis-server can queue hundreds of
+// decisions at once: the default 50 ms would then turn a busy Redis into
+// degraded decisions.
+const redisTimeout = 500 * time.Millisecond
+
 // limiterSpec is the family of the per-tenant limiters and its settings.
 // The zero value is the sliding window.
 type limiterSpec struct {
@@ -132,11 +139,11 @@ func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, tenants
 		case spec.Family == familyBucket && rc == nil:
 			return bucket.NewLocal(r, spec.burstOf(r))
 		case spec.Family == familyBucket:
-			return bucket.NewRedis(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix))
+			return bucket.NewRedis(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(redisTimeout))
 		case rc == nil:
 			return window.NewMemory(r)
 		default:
-			return window.NewRedis(rc, r, window.WithPrefix(prefix))
+			return window.NewRedis(rc, r, window.WithPrefix(prefix), window.WithTimeout(redisTimeout))
 		}
 	})
 	if err != nil {

@@ -265,6 +265,7 @@ func writeJobs(t *testing.T, burst int, burstRate string, light int) string {
 // than its limit, and the burst was throttled.
 func TestRun(t *testing.T) {
 	cfg := defaultConfig()
+	cfg.Reservations = 0 // rejections bounce: the burst is NAKed
 	cfg.JobsPath = writeJobs(t, 25, "5/200ms", 6)
 	cfg.Rate = "3/200ms"
 	cfg.Timeout = 20 * time.Second
@@ -421,8 +422,10 @@ func checkConsumer(t *testing.T, rep report, jobs map[string]int) {
 func TestRunRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := defaultConfig()
-	// 20 jobs at once at 5/1s: the asynq tasks come back in rounds about
-	// a second apart, so the last ones are rejected 3 times or more.
+	// 20 jobs at once at 5/1s, rejections bouncing: the asynq tasks come
+	// back in rounds about a second apart, so the last ones are rejected
+	// 3 times or more.
+	cfg.Reservations = 0
 	cfg.JobsPath = writeJobs(t, 20, "5/1s", 4)
 	cfg.Rate = "3/200ms"
 	cfg.RedisURL = "redis://" + srv.Addr() + "/0"
@@ -474,6 +477,7 @@ func TestRunBucket(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := defaultConfig()
+			cfg.Reservations = 0 // rejections bounce: the burst is NAKed
 			cfg.JobsPath = writeJobs(t, 25, "5/200ms", 6)
 			cfg.Rate = "3/200ms"
 			cfg.Limiter = familyBucket
@@ -724,4 +728,76 @@ func mustWork(t *testing.T, cfg config) (report, *bytes.Buffer) {
 		t.Fatal(err)
 	}
 	return rep, &out
+}
+
+// TestRunReservations floods one tenant (600 jobs at once at 200/1s)
+// beside a quiet one under its own limit (5/s at 20/1s), with
+// reservations, on the in-memory window and on the Redis window: each
+// flood job that must wait is NAKed at most once (to its own slot), none
+// is held, the quiet tenant is never NAKed, every job is handled exactly
+// once and no tenant goes over its limit. The same flood without
+// reservations bounces: more NAKs than that.
+func TestRunReservations(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"tenant":"flood","rate":"200/1s"}` + "\n")
+	for i := range 600 {
+		fmt.Fprintf(&b, `{"id":"flood-%d","tenant":"flood","at_ms":%d}`+"\n", i, i%50)
+	}
+	for i := range 15 {
+		fmt.Fprintf(&b, `{"id":"quiet-%d","tenant":"quiet","at_ms":%d}`+"\n", i, i*200)
+	}
+	path := filepath.Join(t.TempDir(), "flood.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name         string
+		redis        bool
+		reservations time.Duration
+	}{
+		{"memory", false, time.Minute},
+		{"redis", true, time.Minute},
+		{"memory, no reservations", false, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.JobsPath = path
+			cfg.Timeout = 30 * time.Second
+			cfg.Reservations = tt.reservations
+			if tt.redis {
+				cfg.RedisURL = "redis://" + redistest.Start(t).Addr() + "/0"
+			}
+			rep, _ := mustWork(t, cfg)
+			if !rep.OK() {
+				t.Fatal("the run failed its checks")
+			}
+			flood, quiet := byTenant(rep)["flood"], byTenant(rep)["quiet"]
+			if flood.MustWait != 400 {
+				t.Errorf("flood: %d must wait, want 400 (600 at 200 per second)", flood.MustWait)
+			}
+			t.Logf("flood: %d NAKs for %d that must wait, %d holds; quiet: %d NAKs, wait p99 %v", flood.Naks, flood.MustWait, flood.Holds, quiet.Naks, quiet.WaitP99)
+			limit := flood.MustWait * 115 / 100
+			if tt.reservations == 0 {
+				if flood.Naks <= limit {
+					t.Errorf("flood without reservations: %d NAKs, want a bounce (more than %d)", flood.Naks, limit)
+				}
+				return
+			}
+			if flood.Naks > limit {
+				t.Errorf("flood: %d NAKs, want at most %d (1.15 x the %d that must wait)", flood.Naks, limit, flood.MustWait)
+			}
+			if flood.Holds != 0 || quiet.Holds != 0 {
+				t.Errorf("holds: flood %d, quiet %d; want 0", flood.Holds, quiet.Holds)
+			}
+			if quiet.Naks != 0 {
+				t.Errorf("quiet: %d NAKs, want 0 (it never goes over its own limit)", quiet.Naks)
+			}
+			if rep.Asynq != nil {
+				a := byTenant(*rep.Asynq)
+				if n, limit := a["flood"].Naks, a["flood"].MustWait*115/100; n > limit {
+					t.Errorf("asynq flood: %d rejections, want at most %d", n, limit)
+				}
+			}
+		})
+	}
 }

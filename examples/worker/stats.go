@@ -278,6 +278,7 @@ type tenantReport struct {
 	Bound       int    // the most the limiter may admit in such a window: the limit of a window, burst + refill for a bucket
 	BoundText   string // how Bound is made up, e.g. "limit 20" or "bound 40 = burst 20 + refill 20"
 	Twice       int    // jobs handled more than once
+	MustWait    int    // jobs that cannot start on arrival (see mustWait): the fewest NAKs possible
 	// WaitP50 and WaitP99 are percentiles of the time from a job's
 	// arrival to its handler's (first) start.
 	WaitP50, WaitP99 time.Duration
@@ -383,6 +384,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 	if !first.IsZero() && last.After(first) {
 		rep.Span = last.Sub(first)
 	}
+	waiting := mustWait(jobs, rateOf, spec)
 	for name, ts := range r.tenants {
 		rate := rateOf(name)
 		bound, text := spec.bound(rate)
@@ -394,6 +396,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 			Bound:       bound,
 			BoundText:   text,
 			Twice:       twice[name],
+			MustWait:    waiting[name],
 			WaitP50:     percentile(waits[name], 0.50),
 			WaitP99:     percentile(waits[name], 0.99),
 		})
@@ -434,9 +437,9 @@ func (rep report) printTable(w io.Writer, heading string) {
 	c := rep.Consumer
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if c == consumerAsynq {
-		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\t%s\tlost\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
 	} else {
-		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\t%s\tholds\tlost\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\tholds\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
 	}
 	for _, t := range rep.Tenants {
 		verdict := ""
@@ -447,8 +450,9 @@ func (rep report) printTable(w io.Writer, heading string) {
 		if c == consumerAsynq {
 			holds = ""
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s%d\tmax in any %v: %d (%s)%s\n",
-			t.Tenant, t.Rate, t.Published, t.Handled, t.Naks, holds, t.Terms+t.MaxDeliver, t.Rate.Per, t.MaxInWindow, t.BoundText, verdict)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s%d\t%s/%s\tmax in any %v: %d (%s)%s\n",
+			t.Tenant, t.Rate, t.Published, t.Handled, t.MustWait, t.Naks, holds, t.Terms+t.MaxDeliver,
+			roundWait(t.WaitP50), roundWait(t.WaitP99), t.Rate.Per, t.MaxInWindow, t.BoundText, verdict)
 	}
 	tw.Flush()
 	if h := rep.Hybrid; h != nil {
@@ -547,4 +551,13 @@ func maxTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// roundWait rounds a wait for the summary: to the ms below 10 s, else to
+// the tenth of a second.
+func roundWait(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
 }

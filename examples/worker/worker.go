@@ -41,10 +41,10 @@ const (
 // but holds it instead.
 func consumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:       durableName,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       5 * time.Second,
-		MaxDeliver:    5,
+		Durable:    durableName,
+		AckPolicy:  jetstream.AckExplicitPolicy,
+		AckWait:    5 * time.Second,
+		MaxDeliver: 5,
 		// Messages NAKed to a reserved slot stay pending until they come
 		// back: with the default of 1,000, a flood of one tenant would
 		// fill MaxAckPending and stop the deliveries of every other.
@@ -289,6 +289,10 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, w *worker, tp trace.T
 		natsthrottle.WithKeyFunc(func(m jetstream.Msg) (string, error) { return tenantOf(m.Subject()) }),
 		natsthrottle.WithCostFunc(jobCost),
 		natsthrottle.WithConsumerConfig(consumerConfig()),
+		// Decisions are Redis round trips with -redis: 16 at once keep up
+		// with a burst of thousands, so the slots of messages that come
+		// back meanwhile are claimed on time.
+		natsthrottle.WithConcurrency(16),
 		natsthrottle.WithTracerProvider(tp),
 		natsthrottle.WithPropagators(propagation.TraceContext{}),
 		natsthrottle.WithErrorHandler(func(m jetstream.Msg, err error) { w.throttleErrs.add(m.Subject(), err) }),

@@ -93,8 +93,9 @@ var windowIDTables = []idTable{
 		},
 	},
 	{
-		// A late claim is admitted at the instant it really runs; a
-		// reservation whose window that fills waits for it.
+		// A late claim is admitted at the instant it really runs; a claim
+		// whose last window that fills waits for it. Reservations for the
+		// same slot are not ahead of each other.
 		name: "late claims are counted when they run",
 		rate: throttle.Rate{Count: 2, Per: time.Second},
 		steps: []idStep{
@@ -104,11 +105,46 @@ var windowIDTables = []idTable{
 			{at: 0, id: "d", horizon: horizon5s, reserved: true, retryAfter: time.Second},
 			{at: 0, id: "e", horizon: horizon5s, reserved: true, retryAfter: 2 * time.Second},
 			{at: 0, id: "f", horizon: horizon5s, reserved: true, retryAfter: 2 * time.Second},
+			{at: 0, id: "g", horizon: horizon5s, reserved: true, retryAfter: 3 * time.Second},
 			{at: time.Second, id: "d", horizon: horizon5s, allowed: true},
-			{at: 1200 * ms, id: "c", horizon: horizon5s, allowed: true},                        // 200 ms late
-			{at: 2100 * ms, id: "e", horizon: horizon5s, reserved: true, retryAfter: 100 * ms}, // c counts until 2.2 s
-			{at: 2200 * ms, id: "e", horizon: horizon5s, allowed: true},
+			{at: 1200 * ms, id: "c", horizon: horizon5s, allowed: true},                       // 200 ms late: counted from 1.2 s
+			{at: 2100 * ms, id: "e", horizon: horizon5s, allowed: true},                       // f, at the same slot, is not ahead of e
+			{at: 2150 * ms, id: "f", horizon: horizon5s, reserved: true, retryAfter: 50 * ms}, // c counts until 2.2 s
 			{at: 2200 * ms, id: "f", horizon: horizon5s, allowed: true},
+			{at: 3 * time.Second, id: "g", horizon: horizon5s, reserved: true, retryAfter: 100 * ms}, // e counts until 3.1 s
+			{at: 3100 * ms, id: "g", horizon: horizon5s, allowed: true},
+		},
+	},
+	{
+		// A claim later than its slot's window keeps its priority (within
+		// the smaller of the horizon and 10 s): it goes ahead of the
+		// reservations for later slots, even overdue ones, and of a
+		// newcomer, instead of queueing at the tail.
+		name: "very late claims keep their priority",
+		rate: throttle.Rate{Count: 1, Per: time.Second},
+		steps: []idStep{
+			{at: 0, id: "a", horizon: horizon5s, allowed: true},
+			{at: 0, id: "b", horizon: horizon5s, reserved: true, retryAfter: time.Second},
+			{at: 0, id: "c", horizon: horizon5s, reserved: true, retryAfter: 2 * time.Second},
+			{at: 2500 * ms, id: "b", horizon: horizon5s, allowed: true}, // 1.5 s late, still ahead of c
+			{at: 2500 * ms, id: "x", horizon: horizon5s, reserved: true, retryAfter: time.Second},
+			{at: 3 * time.Second, id: "c", horizon: horizon5s, reserved: true, retryAfter: 500 * ms}, // after b
+			{at: 3500 * ms, id: "c", horizon: horizon5s, allowed: true},                              // first of the two at 3.5 s
+			{at: 3500 * ms, id: "x", horizon: horizon5s, reserved: true, retryAfter: time.Second},
+			{at: 4500 * ms, id: "x", horizon: horizon5s, allowed: true},
+		},
+	},
+	{
+		// Beyond its window and the grace (the horizon, 1 s here) a
+		// reservation is gone: its id is new again.
+		name: "beyond the grace a reservation is gone",
+		rate: throttle.Rate{Count: 1, Per: time.Second},
+		steps: []idStep{
+			{at: 0, id: "a", horizon: time.Second, allowed: true},
+			{at: 0, id: "b", horizon: time.Second, reserved: true, retryAfter: time.Second},
+			{at: 3500 * ms, id: "d", horizon: time.Second, allowed: true},
+			{at: 3500 * ms, id: "e", horizon: time.Second, reserved: true, retryAfter: time.Second},
+			{at: 3500 * ms, id: "b", horizon: time.Second, retryAfter: 2 * time.Second}, // behind e, beyond the horizon
 		},
 	},
 	{
