@@ -8,4 +8,16 @@
 // OpenTelemetry. The package imports the standard library and the
 // OpenTelemetry API only; limiters live in the window and bucket packages and
 // broker adapters under consumers/.
+//
+// # Scheduled admission
+//
+// A limiter that implements [IDLimiter] decides requests by identity. A
+// Gate built with [WithReservations] asks it through [Gate.AdmitID]: a
+// rejected message then reserves its own future slot (Decision.Reserved),
+// goes back to its broker once with exactly the delay to that slot, and is
+// admitted on its reservation when it comes back; an id already admitted
+// is never charged twice. Without reservations AdmitID is still
+// idempotent. This follows golang.org/x/time/rate's Reservation for token
+// buckets, and for the sliding window log places each reservation at the
+// earliest instant that keeps every window within the limit.
 package throttle

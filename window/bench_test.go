@@ -3,6 +3,7 @@ package window
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +106,31 @@ func BenchmarkPipelineWindow(b *testing.B) {
 	b.Run("many-keys", func(b *testing.B) {
 		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
 			_, err := p.allow(ctx, benchKeys[i%len(benchKeys)])
+			return err
+		})
+	})
+}
+
+// BenchmarkRedisWindowID is BenchmarkRedisWindow with reservations on:
+// AllowID with a new id per call and a horizon of a minute (an admission
+// also looks the id up).
+func BenchmarkRedisWindowID(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var seq atomic.Int64 // every id new, as every message of a stream
+	b.Run("one-key", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
+			_, err := l.AllowID(ctx, "one", 1, strconv.FormatInt(seq.Add(1), 10), time.Minute)
+			return err
+		})
+	})
+	b.Run("many-keys", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
+			_, err := l.AllowID(ctx, benchKeys[i%len(benchKeys)], 1, strconv.FormatInt(seq.Add(1), 10), time.Minute)
 			return err
 		})
 	})

@@ -12,7 +12,7 @@
 //
 // A request of cost n is admitted if the units counted at that instant plus
 // n are at most Count; it is then recorded as n units at that instant. A
-// rejected request is never recorded, so clients that retry early do not
+// rejected AllowN is never recorded, so clients that retry early do not
 // push their own admission back.
 //
 // A rejection's RetryAfter is the time until enough of the oldest counted
@@ -23,6 +23,51 @@
 // the room first. ResetAfter is the newest counted admission + Per - now
 // (Per for an admission). Durations in a Decision are never rounded down.
 //
+// Exactness holds in real time, not only on the microsecond grid: a clock
+// reading with a part below the microsecond is rounded up for the record
+// and decided with a window one microsecond longer, so two admissions can
+// never lie less than Per apart in real time while Count others sit
+// between them. The Redis server's TIME (whole microseconds of a real
+// instant) is treated the same way. RetryAfter may then be Per plus a
+// millisecond.
+//
+// # Reservations and ids (scheduled admission)
+//
+// AllowID (throttle.IDLimiter) decides a request that carries an identity
+// (a stream sequence, a task ID), so that a rejection is a schedule rather
+// than a bounce:
+//
+//   - A rejection reserves the request's own slot when it lies within the
+//     horizon: n units recorded at the earliest instant s at which n more
+//     units keep every window containing s within Count, reservations
+//     included. Decision.Reserved is true and RetryAfter is s - now. With
+//     unit costs this is first come, first served per key; with mixed
+//     costs a small request may take a gap before a larger reservation
+//     (backfilling, looked for up to 3 windows ahead; beyond, the tail of
+//     the schedule), never delaying it. Beyond the horizon nothing is
+//     reserved and RetryAfter is when the request would fit.
+//   - A request admitted now must keep every window within Count,
+//     reservations included: it never delays a reservation. AllowN obeys
+//     the same rule, so its rejections wait behind the reservations too.
+//   - The same id presented again: still counted after an admission, it
+//     is admitted without a charge (a redelivery, another worker, a retry
+//     after a lost reply); before its slot, rejected with the time left to
+//     it, nothing new reserved; at or after its slot, admitted on it.
+//   - A claim is judged on the last window alone, and only on what is
+//     ahead of it: admissions, and reservations for earlier slots. It is
+//     recorded at the instant it is decided, so a message that comes back
+//     late never makes a burst; if the window is full (others ahead came
+//     late too) it is re-reserved where the window allows it, usually
+//     milliseconds later. A reservation claimed after its window has
+//     passed keeps this priority for the smaller of its horizon and 10 s.
+//   - A reservation never claimed counts as an admission at its slot and
+//     passes with its window, as any admission does; nothing grows without
+//     bound: the key expires after its newest unit's window plus that
+//     grace.
+//
+// Ids are opaque bytes, scoped to the key. The same id should be presented
+// with the same n.
+//
 // This is the sliding window log of the rate-limiting literature (see, for
 // example, Figma's "An alternative approach to rate limiting", 2017):
 // unlike a fixed window or a sliding window counter it is exact, at the
@@ -30,17 +75,20 @@
 //
 // # Redis
 //
-// Each key is one sorted set whose members are the admitted units (unique
-// identities: a random 64-bit id per limiter plus a counter) scored by the
-// admission instant in microseconds. One Lua script per decision
-// (window.lua, run with EVALSHA and reloaded on NOSCRIPT) drops the
-// members with score <= now - Per, counts the rest and, only if
-// count + n <= Count, adds n members and sets the key to expire after Per;
-// otherwise it returns the retry-after and adds nothing (a rejection
-// leaves no member and does not renew the expiry). The instant is the
-// Redis server's TIME, so every worker shares one clock, unless [WithClock] is given: then
-// the client's time is sent and clamped to the newest member of the key, so
-// stored time never moves backwards.
+// Each key is one sorted set whose members are the units (AllowN: unique
+// identities, a random 64-bit id per limiter plus a counter; AllowID:
+// "A<i>:<id>" for admitted and "R<i>:<id>" for reserved units) scored by
+// their instant in microseconds: the admission, or the reserved slot. One
+// Lua script per decision (window.lua, run with EVALSHA and reloaded on
+// NOSCRIPT) drops the members that left the window, counts the rest and,
+// if n more fit, adds n members and extends the key's expiry to cover its
+// newest member; a rejection of AllowN, or of AllowID beyond its horizon,
+// adds nothing and does not renew the expiry. The instant is the Redis
+// server's TIME, so every worker shares one clock, unless [WithClock] is
+// given: then the client's time is sent and clamped to the newest
+// admission of the key (kept in a second key of the same slot), so stored
+// time never moves backwards. The script uses PEXPIRE with NX and GT:
+// Redis 7.0 or newer.
 //
 // # Keys
 //
@@ -84,10 +132,14 @@
 // bytes per member while a key holds at most 128 members (a listpack, the
 // zset-max-listpack-entries default), about 120-130 bytes per member above
 // that (a skiplist). Keys expire one window after their last admission, so
-// an idle key costs nothing. [Memory] holds at most Count entries
-// per key (fewer when admissions share a microsecond) and forgets keys idle
-// for a window.
+// an idle key costs nothing. [Memory] holds at most Count entries per key
+// and window up to its furthest reservation (fewer when admissions share a
+// microsecond) and forgets keys idle for a window.
+//
+// Reservations are units too: a key holds at most Count units per window
+// up to its furthest reservation (horizon / Per + 1 windows of them).
 //
 // Both limiters are safe for concurrent use and implement
-// throttle.Limiter and throttle.Algorithmer ("sliding_window_log").
+// throttle.Limiter, throttle.IDLimiter and throttle.Algorithmer
+// ("sliding_window_log").
 package window

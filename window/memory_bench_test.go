@@ -49,3 +49,23 @@ func BenchmarkMemory(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMemoryID is BenchmarkMemory's one-key case with reservations on:
+// AllowID with a new id per call and a horizon of a minute.
+func BenchmarkMemoryID(b *testing.B) {
+	m, err := window.NewMemory(throttle.Rate{Count: 1 << 30, Per: time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	ids := make([]string, 1<<20)
+	for i := range ids {
+		ids[i] = "stream:" + strconv.Itoa(i)
+	}
+	b.Run("one-key", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, 0, func(i int) error {
+			_, err := m.AllowID(ctx, "k", 1, ids[i%len(ids)], time.Minute)
+			return err
+		})
+	})
+}

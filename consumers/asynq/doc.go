@@ -7,13 +7,17 @@
 //
 // Three pieces go together: the middleware, and two asynq.Config hooks.
 //
-//	srv := asynq.NewServer(redisOpt, asynq.Config{
-//		IsFailure:      asynqthrottle.IsFailure,           // throttling is not a failure
-//		RetryDelayFunc: asynqthrottle.RetryDelayFunc(nil), // come back after the retry-after
-//		ErrorHandler:   ...,                               // sees rejections too, see below
-//	})
+//	cfg := asynq.Config{
+//		Concurrency:              50,                                // room for tasks waiting for near slots
+//		DelayedTaskCheckInterval: time.Second,                       // asynq's default is 5 s
+//		IsFailure:                asynqthrottle.IsFailure,           // throttling is not a failure
+//		RetryDelayFunc:           asynqthrottle.RetryDelayFunc(nil), // come back after the retry-after
+//		ErrorHandler:             ...,                               // sees rejections too, see below
+//	}
+//	srv := asynq.NewServer(redisOpt, cfg)
 //	mux := asynq.NewServeMux()
-//	mux.Use(asynqthrottle.Middleware(gate, asynqthrottle.WithClient(client)))
+//	mux.Use(asynqthrottle.Middleware(gate, // throttle.WithReservations(time.Minute) on the Gate
+//		asynqthrottle.WithClient(client), asynqthrottle.WithServerConfig(cfg)))
 //
 // NewHandler wraps a single asynq.Handler the same way. IsFailure composes
 // with a function of your own (IsFailure(err) && mine(err)), and
@@ -26,7 +30,9 @@
 // # What happens to each task
 //
 // The task's key (default: its type; WithKeyFunc) and cost (default 1;
-// WithCostFunc) go to Gate.Admit. Then:
+// WithCostFunc) go to Gate.AdmitID with the task ID as its identity (a
+// re-enqueued copy keeps its original's, in the IDHeader header; Gate.Admit
+// outside an asynq.Server). Then:
 //
 //   - Admitted: the wrapped handler runs and its result goes to asynq
 //     unchanged. Genuine errors and panics keep asynq's semantics: the
@@ -39,6 +45,19 @@
 //     IsFailure reports false for it, so asynq neither increments the retry
 //     count nor counts the task in its processed and failed statistics,
 //     and RetryDelayFunc schedules the retry no earlier than RetryIn.
+//   - Rejected with a reserved slot (Decision.Reserved, with a Gate built
+//     with throttle.WithReservations and a limiter that implements
+//     throttle.IDLimiter): a slot at most WithMaxWait ahead is waited for
+//     in the handler, holding its worker, and the task is then admitted on
+//     its reservation. A further slot is a *RateLimitError whose retry
+//     brings the task back a DelayedTaskCheckInterval before its slot
+//     (WithServerConfig tells the middleware the interval; asynq keeps
+//     retry times in whole seconds and moves due retries only every
+//     interval, so the task arrives between one interval plus a second
+//     before its slot and the slot itself), and it waits in the handler
+//     for the rest. WithMaxWait defaults to the interval plus a second, so
+//     every retried task is back in time. A task is so rejected back to
+//     asynq at most once, however far its slot.
 //   - Rejected on its last attempt: see the first trap below.
 //   - Never admissible: a key or cost function error, or a request the Gate
 //     refuses as a usage error (throttle.IsUsageError: a cost above the

@@ -6,7 +6,7 @@
 // Quick start:
 //
 //	lim, _ := window.NewMemory(throttle.PerSecond(20))
-//	gate, _ := throttle.NewGate(lim)
+//	gate, _ := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
 //	h, err := natsthrottle.New(handle, gate, natsthrottle.WithConsumer(consumer))
 //	cc, _ := consumer.Consume(h.Handle)
 //	...
@@ -32,14 +32,33 @@
 // wrapped handler can get the span's context with ContextFromMsg.
 //
 // The key (default: the subject; WithKeyFunc) and cost (default 1;
-// WithCostFunc) of the message go to Gate.Admit, under a context deadline:
-// the decision timeout (see below). Then:
+// WithCostFunc) of the message go to Gate.AdmitID with the message's
+// identity, its stream name and stream sequence ("JOBS:42", the same on
+// every delivery and for every consumer; Gate.Admit for a message without
+// metadata), under a context deadline: the decision timeout (see below).
+// Then:
 //
-//   - Admitted: the wrapped handler runs and owns the acknowledgement.
-//   - Rejected: the message is NAKed with the decision's RetryAfter plus a
-//     jitter (WithJitter; default up to 10% of RetryAfter, at most 100 ms),
-//     and the wrapped handler does not run. A rejection is not an error:
-//     the span status stays unset.
+//   - Admitted: the wrapped handler runs and owns the acknowledgement. A
+//     redelivery of a message already admitted (AckWait passed, another
+//     worker) is admitted again without a second charge while the limiter
+//     still counts it.
+//   - Rejected with a reserved slot (Decision.Reserved, with a Gate built
+//     with throttle.WithReservations and a limiter that implements
+//     throttle.IDLimiter): the message goes back once, to its own slot.
+//     A slot at most WithMaxWait ahead (default 1 s, at most a quarter of
+//     AckWait) is waited for in process, on a goroutine of its own; a
+//     further one is NAKed to come back half of WithMaxWait before the
+//     slot, without jitter, and then waits in process for the rest: the
+//     server redelivers late when many messages are pending (it checks a
+//     long pending list only between acks), and a late claim would push
+//     the slots after it. On the redelivery the message is admitted on
+//     its reservation. A delivery is never kept in process for more than
+//     half its AckWait: a message whose slot keeps moving goes back to the
+//     server instead.
+//   - Rejected without a reservation: the message is NAKed with the
+//     decision's RetryAfter plus a jitter (WithJitter; default up to 10% of
+//     RetryAfter, at most 100 ms), and the wrapped handler does not run. A
+//     rejection is not an error: the span status stays unset.
 //   - Not decided within the decision timeout (the Gate returns the
 //     context's error, context.DeadlineExceeded): NAKed like a rejection,
 //     with the Gate's degraded retry-after (throttle.WithDegradedRetryAfter)
@@ -61,6 +80,23 @@
 //
 // A message whose Metadata fails (not a JetStream message) is still
 // decided; its delivery count is unknown, so it is never held.
+//
+// # Reservations and MaxAckPending
+//
+// A message NAKed to its slot stays pending on the server until it comes
+// back, so it counts against the consumer's MaxAckPending (default 1,000):
+// with reservations, a flood of one key would fill it and stop the
+// deliveries of every other key. Set MaxAckPending above the backlog the
+// horizon allows (up to Count × horizon / Per messages per key), or -1.
+//
+// # Concurrency
+//
+// By default the Consume callback decides one message at a time (see the
+// decision timeout below). WithConcurrency(n) decides and handles up to n
+// messages at once, each on a goroutine of its own: with a Redis limiter
+// every decision is a round trip, and one at a time falls behind a burst
+// of thousands of messages, while the messages that come back to their
+// slots meanwhile wait in the client's buffer and claim late.
 //
 // # Decision timeout
 //
@@ -108,9 +144,9 @@
 // is on its last delivery: if the wrapped handler NAKs it or lets AckWait
 // pass, the server will not deliver it to the consumer again.
 //
-// So the wrapped handler may run on the Consume callback goroutine and on
-// held-message goroutines at the same time: it must be safe for concurrent
-// use. The Consume callback itself never waits for a retry-after: a held
+// So the wrapped handler may run on the Consume callback goroutine, on
+// held-message goroutines and on goroutines that waited for a slot at the
+// same time: it must be safe for concurrent use. The Consume callback itself never waits for a retry-after: a held
 // message does not delay the decisions on the messages behind it. Held
 // messages count against the consumer's MaxAckPending.
 //
