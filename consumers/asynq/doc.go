@@ -135,7 +135,18 @@
 // floor(now+d+1s) > now+d. A throttled task therefore comes back between
 // its retry-after and about one second plus DelayedTaskCheckInterval
 // later; set DelayedTaskCheckInterval low (for example 1 s) where that
-// matters. The re-enqueued copy of trap 1 is scheduled the same way.
+// matters. The re-enqueued copy of trap 1 is scheduled the same way. A
+// reserved slot (see above) is instead aimed a check interval early and
+// waited for in the handler, so it is claimed on time.
+//
+// # Recommended Config
+//
+// DelayedTaskCheckInterval: time.Second, and Concurrency with room for the
+// tasks that wait in the handler for their slots: about the sum of the
+// keys' rates × (DelayedTaskCheckInterval + 1 s), on top of what the
+// handlers need. With asynq's defaults (5 s, and Concurrency the number of
+// CPUs) throttled tasks come back up to 6 s early and hold every worker
+// while they wait.
 //
 // # ErrorHandler
 //
