@@ -43,7 +43,7 @@
 //     included. Decision.Reserved is true and RetryAfter is s - now. With
 //     unit costs this is first come, first served per key; with mixed
 //     costs a small request may take a gap before a larger reservation
-//     (backfilling, looked for up to 3 windows ahead; beyond, the tail of
+//     (backfilling, looked for up to 16 windows ahead; beyond, the tail of
 //     the schedule), never delaying it. Beyond the horizon nothing is
 //     reserved and RetryAfter is when the request would fit.
 //   - A request admitted now must keep every window within Count,

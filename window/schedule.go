@@ -20,7 +20,7 @@ import (
 // takes the tail slot, which always fits. It bounds the work of one
 // decision when the schedule is long (the Redis script reads every entry
 // it looks at).
-const backfillWindows = 3
+const backfillWindows = 16
 
 // entry is n units at instant at (µs); reserved entries hold a future
 // slot for id.

@@ -32,7 +32,7 @@
 -- re-reserved where that window will. Otherwise n units are admitted now if that keeps every
 -- window containing now within limit, reservations included; else the
 -- earliest such instant is the slot (the tail of the schedule, or a gap
--- within 3 windows before it), reserved for AllowID when it lies within
+-- within 16 windows before it), reserved for AllowID when it lies within
 -- the horizon. Every write extends the key's expiry to cover its newest
 -- unit and the grace (PEXPIRE NX and GT: Redis 7.0 or newer).
 --
@@ -216,8 +216,8 @@ local slot = tail
 local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
 if top > now then
 	-- Reservations ahead: look for a gap before the tail (firstFit in
-	-- schedule.go), within 3 windows. at[] holds every unit in range.
-	local stop = math.min(tail, now + 3 * window)
+	-- schedule.go), within 16 windows. at[] holds every unit in range.
+	local stop = math.min(tail, now + 16 * window)
 	local raw = redis.call("ZRANGE", key, excl(now - window), excl(stop + window), "BYSCORE", "WITHSCORES")
 	local at = {}
 	for i = 2, #raw, 2 do
