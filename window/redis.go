@@ -50,7 +50,6 @@ type Redis struct {
 	clock    throttle.Clock // nil: Redis TIME
 	timeout  time.Duration  // per call
 	argWin   any            // precomputed ARGV strings, boxed once
-	argWin1  any            // the window + 1 µs, for client clock readings between two µs
 	argLimit any
 	member   memberSource
 }
