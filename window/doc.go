@@ -51,8 +51,12 @@
 //     the same rule, so its rejections wait behind the reservations too.
 //   - The same id presented again: still counted after an admission, it
 //     is admitted without a charge (a redelivery, another worker, a retry
-//     after a lost reply); before its slot, rejected with the time left to
-//     it, nothing new reserved; at or after its slot, admitted on it.
+//     after a lost reply), and stays counted at its first admission;
+//     before its slot, rejected with the time left to it, nothing new
+//     reserved; at or after its slot, admitted on it. (So when the reply
+//     of an admission is lost to a timeout and the message runs only on
+//     its next delivery, it runs later than it is counted: keep
+//     WithTimeout well above the Redis round trip.)
 //   - A claim is judged on the last window alone, and only on what is
 //     ahead of it: admissions, and reservations for earlier slots. It is
 //     recorded at the instant it is decided, so a message that comes back
