@@ -165,10 +165,12 @@ func (h *Handler) Held() int { return int(h.held.Load()) }
 func (h *Handler) Waiting() int { return int(h.waiting.Load()) }
 
 // Handle gates one message; it is a jetstream.MessageHandler. It decides
-// on the calling goroutine, waiting at most the decision timeout for the
-// Gate, and returns once the message is handled, NAKed, terminated, or
-// handed to a goroutine that holds it (see the package documentation); it
-// never waits for a retry-after.
+// on the calling goroutine (with WithConcurrency, on one of that many
+// goroutines, waiting while all are busy), waiting at most the decision
+// timeout for the Gate, and returns once the message is handled, NAKed,
+// terminated, or handed to a goroutine that holds it or waits for its
+// near slot (see the package documentation); it never waits for a
+// retry-after.
 func (h *Handler) Handle(msg jetstream.Msg) {
 	if msg == nil {
 		return
@@ -225,7 +227,6 @@ type request struct {
 	cost    int
 	id      string    // "" when the message has no metadata
 	arrived time.Time // when this delivery reached Handle
-	waits   int       // in-process waits for a slot so far (see wait)
 }
 
 // requestID is the identity the Gate decides msg by: its stream and
@@ -258,8 +259,9 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 		if d.Reserved {
 			// The slot is the message's own: no jitter (the herd a jitter
 			// spreads is already spread). The server may redeliver late
-			// (it checks a long pending list every 100 ms): ask for the
-			// message a little early, and wait in process for the rest.
+			// (with more than 1,024 messages pending it skips its
+			// redelivery check while acks are queued): ask for the message
+			// half of WithMaxWait early, and wait in process for the rest.
 			h.nak(ctx, span, r.msg, retry-h.cfg.maxWait/2, false)
 		} else {
 			h.nak(ctx, span, r.msg, retry, true)
@@ -299,7 +301,6 @@ func (h *Handler) startWait(r *request, d time.Duration) bool {
 	if h.closing {
 		return false
 	}
-	r.waits++
 	h.wg.Add(1)
 	h.waiting.Add(1)
 	return true
