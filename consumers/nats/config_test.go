@@ -54,6 +54,12 @@ func TestNewValidates(t *testing.T) {
 			WithConsumerConfig(jetstream.ConsumerConfig{AckWait: 30 * time.Second, BackOff: []time.Duration{time.Second, 10 * time.Second}}),
 			WithDecisionTimeout(2 * time.Second)}, "WithDecisionTimeout"},
 		{"decision timeout above the default AckWait", next, g, []Option{WithDecisionTimeout(DefaultAckWait)}, "WithDecisionTimeout"},
+		{"max wait < 0", next, g, []Option{WithMaxWait(-time.Millisecond)}, "WithMaxWait"},
+		{"max wait 0", next, g, []Option{WithMaxWait(0)}, ""},
+		{"max wait at half the AckWait", next, g, []Option{WithMaxWait(time.Second),
+			WithConsumerConfig(jetstream.ConsumerConfig{AckWait: 2 * time.Second})}, "WithMaxWait"},
+		{"concurrency 0", next, g, []Option{WithConcurrency(0)}, "WithConcurrency"},
+		{"concurrency 16", next, g, []Option{WithConcurrency(16)}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package natsthrottle
 
 import (
+	"context"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -89,5 +90,48 @@ func TestReservationsNakOnce(t *testing.T) {
 	}
 	if errs := reported.all(); len(errs) > 0 {
 		t.Errorf("error handler got %d errors, first %v", len(errs), errs[0])
+	}
+}
+
+// TestConcurrentDecisions: with WithConcurrency(4) and a limiter that
+// takes 50 ms per decision, 8 messages are decided 4 at a time (the
+// Consume callback hands each to a goroutine and waits only when 4 are
+// busy), every one handled once, and Close waits for them.
+func TestConcurrentDecisions(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumer(t, jetstream.ConsumerConfig{})
+	var inFlight, most atomic.Int64
+	lim := throttle.LimiterFunc(func(context.Context, string, int) (throttle.Decision, error) {
+		n := inFlight.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+		inFlight.Add(-1)
+		return throttle.Decision{Allowed: true, Limit: 100}, nil
+	})
+	g, err := throttle.NewGate(lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	h := newHandler(t, rec.handle, g, WithConcurrency(4))
+	for i := range 8 {
+		e.publish(t, "jobs.c", strconv.Itoa(i), nil)
+	}
+	consume(t, c, h.Handle)
+	waitFor(t, 5*time.Second, "8 handled messages", func() bool { return rec.len() >= 8 })
+	if n := most.Load(); n != 4 {
+		t.Errorf("at most %d decisions at once, want 4", n)
+	}
+	seen := map[uint64]int{}
+	for _, r := range rec.records() {
+		seen[r.seq]++
+	}
+	if len(seen) != 8 {
+		t.Errorf("handled %d distinct messages, want 8", len(seen))
 	}
 }
