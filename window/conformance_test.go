@@ -73,3 +73,20 @@ func TestRedisReservations(t *testing.T) {
 		return l
 	})
 }
+
+func TestMemoryQuotas(t *testing.T) {
+	throttletest.RunWindowQuotas(t, func(t *testing.T, r throttle.Rate, q throttle.QuotaFunc, c throttle.Clock) throttle.Limiter {
+		l, err := NewMemory(r, WithClock(c), WithQuotas(q))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisQuotas(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunWindowQuotas(t, func(t *testing.T, r throttle.Rate, q throttle.QuotaFunc, c throttle.Clock) throttle.Limiter {
+		return newTestRedis(t, client, r, WithClock(c), WithQuotas(q))
+	})
+}

@@ -23,6 +23,7 @@ const memoryShards = 32
 // key seen before allocates nothing.
 type Memory struct {
 	rate   throttle.Rate
+	quotas throttle.QuotaFunc
 	window int64 // µs
 	clock  throttle.Clock
 	seed   maphash.Seed
@@ -48,7 +49,7 @@ func NewMemory(r throttle.Rate, opts ...Option) (*Memory, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Memory{rate: r, window: r.PerMicros(), clock: cfg.clock, seed: maphash.MakeSeed()}
+	m := &Memory{rate: r, quotas: cfg.quotas, window: r.PerMicros(), clock: cfg.clock, seed: maphash.MakeSeed()}
 	if m.clock == nil {
 		m.clock = throttle.SystemClock
 	}
@@ -91,22 +92,30 @@ func (m *Memory) AllowID(_ context.Context, key string, n int, id string, horizo
 }
 
 func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64) (throttle.Decision, error) {
-	if err := throttle.CheckCost(n, m.rate.Count); err != nil {
+	r, perUS := m.rate, m.window
+	if m.quotas != nil {
+		var err error
+		if r, err = quotaOf(m.quotas, m.rate, key); err != nil {
+			return throttle.Decision{}, err
+		}
+		perUS = r.PerMicros()
+	}
+	if err := throttle.CheckCost(n, r.Count); err != nil {
 		return throttle.Decision{}, err
 	}
-	now, window := instant(m.clock.Now(), m.window)
+	now, window := instant(m.clock.Now(), perUS)
 	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if now >= s.sweepAt {
-		s.sweep(now, window)
+		s.sweep(now, m.window)
 	}
 	l := s.logs[key]
 	if l == nil {
 		l = &windowLog{}
 		s.logs[key] = l
 	}
-	return l.decide(now, n, id, withID, horizon, limits{limit: m.rate.Count, window: window, nominal: m.window}), nil
+	return l.decide(now, n, id, withID, horizon, limits{limit: r.Count, window: window, nominal: perUS}), nil
 }
 
 // Len reports how many keys the window holds state for.
@@ -121,9 +130,12 @@ func (m *Memory) Len() int {
 	return total
 }
 
+// sweep forgets the keys whose every unit has left its window (the window
+// of the key's last decision, plus the µs a reading between two µs adds),
+// and schedules the next sweep every window.
 func (s *memoryShard) sweep(now, window int64) {
 	for k, l := range s.logs {
-		if l.newest()+window <= now && l.lateUntil <= now {
+		if l.newest()+l.span+1 <= now && l.lateUntil <= now {
 			delete(s.logs, k)
 		}
 	}

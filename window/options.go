@@ -21,6 +21,7 @@ type config struct {
 	prefix   string
 	clockSet bool
 	timeout  time.Duration // per Redis call
+	quotas   throttle.QuotaFunc
 }
 
 const (

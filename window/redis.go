@@ -52,6 +52,7 @@ type Redis struct {
 	argWin   any            // precomputed ARGV strings, boxed once
 	argLimit any
 	member   memberSource
+	quotas   throttle.QuotaFunc
 }
 
 // NewRedis returns a sliding window admitting r.Count units per r.Per for
@@ -82,6 +83,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		timeout:  cfg.timeout,
 		argWin:   strconv.FormatInt(window, 10),
 		argLimit: strconv.Itoa(r.Count),
+		quotas:   cfg.quotas,
 	}
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
@@ -151,7 +153,17 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 const argAllowN = "-1"
 
 func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon string) (throttle.Decision, error) {
-	if err := throttle.CheckCost(n, l.rate.Count); err != nil {
+	r, argWin, argLimit := l.rate, l.argWin, l.argLimit
+	if l.quotas != nil {
+		var err error
+		if r, err = quotaOf(l.quotas, l.rate, key); err != nil {
+			return throttle.Decision{}, err
+		}
+		if r != l.rate {
+			argWin, argLimit = strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count)
+		}
+	}
+	if err := throttle.CheckCost(n, r.Count); err != nil {
 		return throttle.Decision{}, err
 	}
 	if n > MaxCost {
@@ -167,20 +179,20 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 	var err error
 	k := l.key(key)
 	if l.clock == nil {
-		res, err = windowScript.Run(ctx, l.client, []string{k}, l.argWin, l.argLimit, argN, member, horizon).Result()
+		res, err = windowScript.Run(ctx, l.client, []string{k}, argWin, argLimit, argN, member, horizon).Result()
 	} else {
 		keys := []string{k, k + floorSuffix}
 		now, slack := instant(l.clock.Now(), 0)
 		if slack == 0 {
-			res, err = windowScript.Run(ctx, l.client, keys, l.argWin, l.argLimit, argN, member, horizon, strconv.FormatInt(now, 10)).Result()
+			res, err = windowScript.Run(ctx, l.client, keys, argWin, argLimit, argN, member, horizon, strconv.FormatInt(now, 10)).Result()
 		} else {
-			res, err = windowScript.Run(ctx, l.client, keys, l.argWin, l.argLimit, argN, member, horizon, strconv.FormatInt(now, 10), argOne).Result()
+			res, err = windowScript.Run(ctx, l.client, keys, argWin, argLimit, argN, member, horizon, strconv.FormatInt(now, 10), argOne).Result()
 		}
 	}
 	if err != nil {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
 	}
-	return l.decision(res)
+	return l.decision(res, r.Count)
 }
 
 // floorSuffix names the clock-floor key beside a key's sorted set (after
@@ -191,7 +203,7 @@ var errReply = errors.New("window: redis: unexpected script reply")
 
 // decision converts the script's reply {allowed, remaining, retry µs,
 // reset µs, reserved}.
-func (l *Redis) decision(res any) (throttle.Decision, error) {
+func (l *Redis) decision(res any, limit int) (throttle.Decision, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 5 {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
@@ -204,7 +216,7 @@ func (l *Redis) decision(res any) (throttle.Decision, error) {
 	}
 	d := throttle.Decision{
 		Allowed:    v[0] == 1,
-		Limit:      l.rate.Count,
+		Limit:      limit,
 		Remaining:  int(max(v[1], 0)),
 		ResetAfter: micros(max(v[3], 0)),
 		Source:     throttle.SourceRedis,

@@ -39,6 +39,7 @@ type windowLog struct {
 	head  int
 	units int   // sum of n over the live entries
 	floor int64 // µs: the newest admission ever made, the clock floor
+	span  int64 // µs: the window of the last decision
 	ids   map[string]int64
 	// late holds the slots of reservations that left the window
 	// unclaimed, which a late claim may still take for up to the grace of
@@ -234,6 +235,7 @@ type limits struct {
 // The caller has checked n and holds the key's lock.
 func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int64, lim limits) throttle.Decision {
 	limit, window := lim.limit, lim.window
+	l.span = window
 	now = max(now, l.floor)
 	g := grace(withID, horizon)
 	l.drop(now, window, g)
