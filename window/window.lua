@@ -117,14 +117,21 @@ local function zadd(score, prefix)
 end
 
 -- expire makes the key live until its newest unit at score leaves the
--- window and the grace after it; fresh: the key may not have existed
--- before this call wrote it (nothing was counted), so may have no expiry.
+-- window and, for AllowID, the longest grace after it (the same for every
+-- call, so that a later expiry means a later unit); fresh: the key may not
+-- have existed before this call wrote it (nothing was counted), so may
+-- have no expiry. It reports whether the key already lived longer: then
+-- a unit newer than score may be there.
 local function expire(score, fresh)
-	local ms = math.ceil((score + window + grace - now) / 1000)
-	if fresh then
-		redis.call("PEXPIRE", key, ms, "NX")
+	local keep = 0
+	if withID then
+		keep = 10000000
 	end
-	redis.call("PEXPIRE", key, ms, "GT")
+	local ms = math.ceil((score + window + keep - now) / 1000)
+	if fresh and redis.call("PEXPIRE", key, ms, "NX") == 1 then
+		return false
+	end
+	return redis.call("PEXPIRE", key, ms, "GT") == 0
 end
 
 local function newest()
@@ -142,11 +149,15 @@ local function admit()
 	else
 		zadd(now, nil)
 	end
-	expire(now, fresh)
+	local later = expire(now, fresh)
 	if KEYS[2] then
 		redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
 	end
-	return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
+	local reset = nominal
+	if later then
+		reset = newest() + nominal - now
+	end
+	return {1, math.max(limit - count, 0), 0, reset, 0}
 end
 
 local function reject(slot, reserve)
