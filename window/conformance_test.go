@@ -90,3 +90,20 @@ func TestRedisQuotas(t *testing.T) {
 		return newTestRedis(t, client, r, WithClock(c), WithQuotas(q))
 	})
 }
+
+func TestMemoryPeekReset(t *testing.T) {
+	throttletest.RunPeekReset(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttletest.PeekResetter {
+		l, err := NewMemory(r, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisPeekReset(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPeekReset(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttletest.PeekResetter {
+		return newTestRedis(t, client, r, WithClock(c))
+	})
+}

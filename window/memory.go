@@ -91,14 +91,20 @@ func (m *Memory) AllowID(_ context.Context, key string, n int, id string, horizo
 	return m.decide(key, n, id, true, horizonMicros(horizon))
 }
 
+// rateOf returns key's rate (its quota, or the Memory's) and its window
+// in µs.
+func (m *Memory) rateOf(key string) (throttle.Rate, int64, error) {
+	if m.quotas == nil {
+		return m.rate, m.window, nil
+	}
+	r, err := quotaOf(m.quotas, m.rate, key)
+	return r, r.PerMicros(), err
+}
+
 func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64) (throttle.Decision, error) {
-	r, perUS := m.rate, m.window
-	if m.quotas != nil {
-		var err error
-		if r, err = quotaOf(m.quotas, m.rate, key); err != nil {
-			return throttle.Decision{}, err
-		}
-		perUS = r.PerMicros()
+	r, perUS, err := m.rateOf(key)
+	if err != nil {
+		return throttle.Decision{}, err
 	}
 	if err := throttle.CheckCost(n, r.Count); err != nil {
 		return throttle.Decision{}, err

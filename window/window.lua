@@ -14,7 +14,8 @@
 --          stored as ARGV[4] (n == 1) or ARGV[4]..":"..i.
 --          AllowID: the request's id; admitted units are stored as
 --          "A"..i..":"..id and reserved ones as "R"..i..":"..id, i = 1..n.
--- ARGV[5]  -1 for AllowN; else AllowID's reservation horizon, µs (>= 0).
+-- ARGV[5]  -1 for AllowN; -2 for Peek (AllowN's answer, nothing written);
+--          else AllowID's reservation horizon, µs (>= 0).
 -- ARGV[6]  optional: now, µs, from the client's clock, clamped to the
 --          floor so that admissions never move backwards. Absent: now is
 --          the server's TIME rounded up (and the window one µs longer).
@@ -49,6 +50,7 @@ local n = tonumber(ARGV[3])
 local base = ARGV[4]
 local horizon = tonumber(ARGV[5])
 local withID = horizon >= 0
+local peek = horizon == -2
 -- A reservation that left the window unclaimed can still be claimed, with
 -- its priority, for this long (lateGrace in schedule.go): its units stay
 -- in the set, uncounted, until then.
@@ -82,9 +84,11 @@ local function excl(x)
 	return "(" .. string.format("%d", x)
 end
 
-redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
+if not peek then
+	redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
+end
 local count
-if grace == 0 then
+if grace == 0 and not peek then
 	count = redis.call("ZCARD", key)
 else
 	count = redis.call("ZCOUNT", key, excl(now - window), "+inf")
@@ -143,6 +147,9 @@ local function newest()
 end
 
 local function admit()
+	if peek then
+		return {1, math.max(limit - count - n, 0), 0, math.max(newest(), now) + nominal - now, 0}
+	end
 	local fresh = count == 0
 	if withID then
 		zadd(now, "A")

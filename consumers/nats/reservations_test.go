@@ -135,3 +135,79 @@ func TestConcurrentDecisions(t *testing.T) {
 		t.Errorf("handled %d distinct messages, want 8", len(seen))
 	}
 }
+
+// TestConsumePaced: 30 messages of one key at 10 per 300 ms, pulled with
+// ConsumePaced: every message handled exactly once, none NAKed (nothing is
+// delivered before there is room), and the limit held.
+func TestConsumePaced(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumer(t, jetstream.ConsumerConfig{})
+	const total, limit = 30, 10
+	r := throttle.Rate{Count: limit, Per: 300 * time.Millisecond}
+	lim := newInstantsLimiter(t, r)
+	g, err := throttle.NewGate(lim, throttle.WithReservations(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	var reported errs
+	h := newHandler(t, rec.handle, g, WithErrorHandler(reported.handle))
+	for i := range total {
+		e.publish(t, "jobs.paced", strconv.Itoa(i), nil)
+	}
+	naks := &nakCounter{naks: map[uint64]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ConsumePaced(ctx, countingConsumer{c, naks}, h, lim, "jobs.paced") }()
+	waitFor(t, 10*time.Second, "30 handled messages", func() bool { return rec.len() >= total })
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("ConsumePaced: %v", err)
+	}
+	seen := map[uint64]int{}
+	for _, rc := range rec.records() {
+		seen[rc.seq]++
+	}
+	for seq := uint64(1); seq <= total; seq++ {
+		if seen[seq] != 1 {
+			t.Errorf("stream sequence %d handled %d times, want 1", seq, seen[seq])
+		}
+	}
+	if n := naks.all.Load(); n != 0 {
+		t.Errorf("%d NAKs, want 0 (a paced pull fetches only what fits)", n)
+	}
+	if n := maxInWindow(lim.admitted(), r.Per); n > limit {
+		t.Errorf("%d admissions within %v, want <= %d", n, r.Per, limit)
+	}
+	if errs := reported.all(); len(errs) > 0 {
+		t.Errorf("error handler got %d errors, first %v", len(errs), errs[0])
+	}
+}
+
+// countingConsumer counts the NAKs of the messages it fetches.
+type countingConsumer struct {
+	jetstream.Consumer
+	naks *nakCounter
+}
+
+func (c countingConsumer) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := c.Consumer.Fetch(n, opts...)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan jetstream.Msg)
+	go func() {
+		defer close(out)
+		for m := range b.Messages() {
+			out <- countedMsg{Msg: m, c: c.naks}
+		}
+	}()
+	return countedBatch{MessageBatch: b, msgs: out}, nil
+}
+
+type countedBatch struct {
+	jetstream.MessageBatch
+	msgs chan jetstream.Msg
+}
+
+func (b countedBatch) Messages() <-chan jetstream.Msg { return b.msgs }

@@ -1,0 +1,111 @@
+package window
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"hash/maphash"
+	"sort"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// Peek returns what AllowN(ctx, key, n) would return at this instant,
+// reservations included, and charges nothing: it records no admission,
+// reserves nothing and renews no expiry. Errors are those of AllowN. A
+// paced consumer sizes its pulls with it (see natsthrottle.ConsumePaced).
+func (m *Memory) Peek(_ context.Context, key string, n int) (throttle.Decision, error) {
+	r, perUS, err := m.rateOf(key)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	if err := throttle.CheckCost(n, r.Count); err != nil {
+		return throttle.Decision{}, err
+	}
+	now, window := instant(m.clock.Now(), perUS)
+	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.logs[key]
+	if l == nil {
+		l = &windowLog{}
+	}
+	return l.peek(now, n, limits{limit: r.Count, window: window, nominal: perUS}), nil
+}
+
+// Reset forgets key: it is back to its initial state, with no admission
+// and no reservation. Resetting an unknown key is not an error.
+func (m *Memory) Reset(_ context.Context, key string) error {
+	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
+	s.mu.Lock()
+	delete(s.logs, key)
+	s.mu.Unlock()
+	return nil
+}
+
+// peek is decide for AllowN without its writes (units that left the window
+// are not counted, as decide's drop would forget them).
+func (l *windowLog) peek(now int64, n int, lim limits) throttle.Decision {
+	now = max(now, l.floor)
+	units, newest := 0, l.floor // newest as decide's drop would leave it
+	for _, e := range l.live() {
+		if e.at > now-lim.window {
+			units += e.n
+			newest = max(newest, e.at)
+		}
+	}
+	slot := now
+	if units+n > lim.limit {
+		// slot reads the live entries; those that left the window are
+		// skipped by its bounds (all after now - window).
+		live := l.live()
+		c := *l
+		c.units = units
+		c.head = l.head + sort.Search(len(live), func(i int) bool { return live[i].at > now-lim.window })
+		slot = c.slot(now, n, lim.limit, lim.window)
+	}
+	d := throttle.Decision{Limit: lim.limit, Source: throttle.SourceLocal}
+	if slot == now {
+		d.Allowed = true
+		d.Remaining = max(lim.limit-units-n, 0)
+		d.ResetAfter = micros(max(newest, now) + lim.nominal - now)
+		return d
+	}
+	d.Remaining = max(lim.limit-units, 0)
+	d.RetryAfter = max(micros(slot-now), throttle.CeilMillisecond(1))
+	d.ResetAfter = micros(newest + lim.nominal - now)
+	return d
+}
+
+// Peek returns what AllowN(ctx, key, n) would return at this instant,
+// reservations included, and charges nothing: one script call that writes
+// nothing (no admission, no reservation, no expiry renewed). Errors are
+// those of AllowN.
+func (l *Redis) Peek(ctx context.Context, key string, n int) (throttle.Decision, error) {
+	return l.decide(ctx, key, n, "", argPeek)
+}
+
+//go:embed reset.lua
+var resetLua string
+
+var resetScript = redis.NewScript(resetLua)
+
+// argPeek is the horizon argument that tells window.lua to write nothing.
+const argPeek = "-2"
+
+// Reset deletes key's sorted set (and its clock floor): the key is back
+// to its initial state in every process that shares the Redis. Resetting
+// an unknown key is not an error. Errors are Redis or context errors
+// (bounded by WithTimeout), wrapped as "window: redis: ...".
+func (l *Redis) Reset(ctx context.Context, key string) error {
+	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	defer cancel()
+	k := l.key(key)
+	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix}).Err(); err != nil {
+		return fmt.Errorf("window: redis: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,7 @@
+-- reset.lua: forget one key of a window.
+--
+-- KEYS[1]  the key's sorted set.
+-- KEYS[2]  the key's clock floor (see window.lua).
+--
+-- Returns the number of keys deleted (0 for an unknown key).
+return redis.call("DEL", KEYS[1], KEYS[2])
