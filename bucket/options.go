@@ -84,8 +84,11 @@ func WithPrefix(p string) Option {
 // WithTimeout bounds every Redis call, default 50 ms; it must be > 0. It
 // is applied as a context deadline (unless the caller's context already
 // ends sooner), which go-redis only honours on a client created with
-// ContextTimeoutEnabled: true; see the package documentation. Local
-// ignores it.
+// ContextTimeoutEnabled: true; NewRedis refuses a *redis.Client,
+// *redis.ClusterClient or *redis.Ring without it unless its ReadTimeout and
+// WriteTimeout are both within the timeout (the rule every Redis limiter of
+// this module applies). The deadline also covers waiting for a pooled
+// connection. See the package documentation. Local ignores it.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(cfg *config) error {
 		if err := deadline.Check(d); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -80,7 +81,7 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	}
 	res, err := cmd.Result()
 	if err != nil {
-		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", err)
+		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 4 {

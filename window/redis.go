@@ -15,6 +15,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -59,10 +60,15 @@ type Redis struct {
 // each key, stored in c (a *redis.Client, *redis.ClusterClient or
 // *redis.Ring). The window is r.Per rounded up to a whole microsecond.
 //
-// Options: WithClock (default: the Redis server's TIME), WithPrefix
-// (default "throttle:window:") and WithTimeout (default 50 ms; create c
-// with ContextTimeoutEnabled: true so go-redis honours it). Errors wrap throttle.ErrInvalidOption and
-// name the field at fault: a nil c, an invalid r, a bad option.
+// Options: WithClock or WithServerClock (default: the Redis server's TIME
+// inside the script), WithPrefix (default "throttle:window:") and
+// WithTimeout (default 50 ms). Errors wrap throttle.ErrInvalidOption and
+// name the field at fault: a nil c; an invalid r, or r.Count above 2^53
+// (the script's Lua numbers are doubles); a bad option; and a
+// *redis.Client, *redis.ClusterClient or *redis.Ring created without
+// ContextTimeoutEnabled: true whose ReadTimeout and WriteTimeout are not
+// both within WithTimeout (field "client"), since go-redis would then
+// ignore the context deadline that bounds each call.
 func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error) {
 	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
@@ -70,8 +76,14 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 	if err := checkRate(r); err != nil {
 		return nil, err
 	}
+	if err := redisopt.CheckExact("Rate.Count", int64(r.Count)); err != nil {
+		return nil, err
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
+		return nil, err
+	}
+	if err := redisopt.CheckContextTimeout(c, cfg.timeout); err != nil {
 		return nil, err
 	}
 	window := r.PerMicros()
@@ -179,7 +191,7 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 		}
 	}
 	if err != nil {
-		return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
+		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
 	return l.decision(res)
 }
