@@ -53,13 +53,18 @@ const MaxExact = 1 << 53
 
 // HintError is a Redis error whose cause is known to be a setting (of the
 // server or of the limiter) rather than an outage: every call fails the
-// same way until the setting changes. Hint says how to get out of it.
+// same way until the setting changes. Advice says how to get out of it;
+// the throttle.Gate logs it once (see throttle.WithLogger), found through
+// the Hint method.
 type HintError struct {
-	Err  error
-	Hint string
+	Err    error
+	Advice string
 }
 
-func (e *HintError) Error() string { return e.Err.Error() + " (" + e.Hint + ")" }
+func (e *HintError) Error() string { return e.Err.Error() + " (" + e.Advice + ")" }
+
+// Hint returns Advice.
+func (e *HintError) Hint() string { return e.Advice }
 
 // Unwrap returns the Redis error.
 func (e *HintError) Unwrap() error { return e.Err }
@@ -106,7 +111,7 @@ func Explain(fam string, err error) error {
 	default:
 		return err
 	}
-	return &HintError{Err: err, Hint: hint}
+	return &HintError{Err: err, Advice: hint}
 }
 
 // CheckExact returns an error wrapping throttle.ErrInvalidOption, naming

@@ -98,10 +98,10 @@ func TestExplain(t *testing.T) {
 				}
 				return
 			}
-			if !errors.As(got, &he) || !strings.Contains(he.Hint, tt.hint) || !errors.Is(got, tt.err) {
+			if !errors.As(got, &he) || !strings.Contains(he.Hint(), tt.hint) || !errors.Is(got, tt.err) {
 				t.Fatalf("Explain(%v) = %v, want a HintError wrapping it with %q", tt.err, got, tt.hint)
 			}
-			if again := Explain("window", fmt.Errorf("w: %w", got)); !strings.Contains(again.Error(), tt.hint) || strings.Count(again.Error(), he.Hint) != 1 {
+			if again := Explain("window", fmt.Errorf("w: %w", got)); !strings.Contains(again.Error(), tt.hint) || strings.Count(again.Error(), he.Hint()) != 1 {
 				t.Fatalf("Explain twice = %v", again)
 			}
 		})
