@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -62,7 +63,8 @@ type Redis struct {
 	rate    throttle.Rate
 	p       params
 	prefix  string
-	clock   throttle.Clock // nil: Redis TIME
+	clock   throttle.Clock    // nil: Redis TIME
+	server  *redisclock.Clock // WithServerClock: clock is it; nil otherwise
 	timeout time.Duration
 
 	// ARGV, formatted and boxed once.
@@ -118,6 +120,17 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	}
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
+	}
+	if cfg.server {
+		if cfg.clock != nil {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: "cannot be combined with WithClock"}
+		}
+		t, ok := c.(redisclock.Timer)
+		if !ok {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: fmt.Sprintf("the client %T has no Time method", c)}
+		}
+		l.server = redisclock.New(t, cfg.serverLocal)
+		l.clock = l.server
 	}
 	return l, nil
 }
@@ -215,6 +228,9 @@ func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
 	n = minInt(n, l.p.burst)
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
+	if err := l.ready(ctx); err != nil {
+		return err
+	}
 	keys := []string{rediskey.Key(l.prefix, key)}
 	var err error
 	if l.clock == nil {
@@ -250,6 +266,9 @@ var errReply = errors.New("bucket: redis: unexpected script reply")
 func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, error) {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
+	if err := l.ready(ctx); err != nil {
+		return 0, 0, err
+	}
 	keys := []string{rediskey.Key(l.prefix, key)}
 	var cmd *redis.Cmd
 	if l.clock == nil {

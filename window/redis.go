@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -35,7 +36,9 @@ var windowScript = redis.NewScript(windowLua)
 // By default the instant is the Redis server's TIME, so every process
 // sharing the Redis shares one clock. With WithClock the client sends its
 // own time, and the script clamps it to the newest admission of the key so
-// that stored time never moves backwards.
+// that stored time never moves backwards. With WithServerClock, for a
+// Redis whose scripts may not call TIME, the client sends the server's
+// time as estimated from the TIME command.
 //
 // The algorithm is the sliding window log (see the package documentation),
 // on the common Redis layout of a sorted set of admission times, decided in
@@ -48,10 +51,11 @@ type Redis struct {
 	client   redis.Scripter
 	rate     throttle.Rate
 	prefix   string
-	clock    throttle.Clock // nil: Redis TIME
-	timeout  time.Duration  // per call
-	argWin   any            // precomputed ARGV strings, boxed once
-	argWin1  any            // the window + 1 µs, for client clock readings between two µs
+	clock    throttle.Clock    // nil: Redis TIME
+	server   *redisclock.Clock // WithServerClock: clock is it; nil otherwise
+	timeout  time.Duration     // per call
+	argWin   any               // precomputed ARGV strings, boxed once
+	argWin1  any               // the window + 1 µs, for client clock readings between two µs
 	argLimit any
 	member   memberSource
 }
@@ -95,6 +99,17 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		timeout:  cfg.timeout,
 		argWin:   strconv.FormatInt(window, 10),
 		argLimit: strconv.Itoa(r.Count),
+	}
+	if cfg.server {
+		if cfg.clockSet {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: "cannot be combined with WithClock"}
+		}
+		t, ok := c.(redisclock.Timer)
+		if !ok {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: fmt.Sprintf("the client %T has no Time method", c)}
+		}
+		l.server = redisclock.New(t, cfg.serverLocal)
+		l.clock = l.server
 	}
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
@@ -172,6 +187,11 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 	}
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
+	if l.server != nil {
+		if err := l.server.Ready(ctx); err != nil {
+			return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
+		}
+	}
 	argN := argOne
 	if n != 1 {
 		argN = strconv.Itoa(n)
