@@ -55,7 +55,6 @@ type Redis struct {
 	server   *redisclock.Clock // WithServerClock: clock is it; nil otherwise
 	timeout  time.Duration     // per call
 	argWin   any               // precomputed ARGV strings, boxed once
-	argWin1  any               // the window + 1 µs, for client clock readings between two µs
 	argLimit any
 	member   memberSource
 }
