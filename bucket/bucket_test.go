@@ -3,7 +3,9 @@ package bucket
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -47,5 +49,48 @@ func TestTypedNilClient(t *testing.T) {
 	}
 	if _, err := NewHybrid(c, throttle.PerSecond(1), 1); !errors.Is(err, throttle.ErrInvalidOption) {
 		t.Fatalf("NewHybrid((*redis.Client)(nil)) error = %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestNewRedisClientTimeouts checks the rule NewRedis shares with NewHybrid
+// (and window and concurrency): a go-redis client without
+// ContextTimeoutEnabled is refused unless its read and write timeouts are
+// within WithTimeout.
+func TestNewRedisClientTimeouts(t *testing.T) {
+	mk := func(c interface {
+		redis.Scripter
+		Close() error
+	}) redis.Scripter {
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	short := 20 * time.Millisecond
+	tests := []struct {
+		name string
+		c    redis.Scripter
+		opts []Option
+		ok   bool
+	}{
+		{"Client with ContextTimeoutEnabled", mk(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})), nil, true},
+		{"Client without", mk(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})), nil, false},
+		{"ClusterClient without", mk(redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})), nil, false},
+		{"Ring without", mk(redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})), nil, false},
+		{"short timeouts within WithTimeout", mk(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: short, WriteTimeout: short})), []Option{WithTimeout(short)}, true},
+		{"short timeouts above WithTimeout", mk(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: short, WriteTimeout: short})), []Option{WithTimeout(short / 2)}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewRedis(tt.c, throttle.PerSecond(10), 10, tt.opts...)
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("NewRedis = %v", err)
+				}
+				return
+			}
+			var oe *throttle.OptionError
+			if !errors.As(err, &oe) || oe.Field != "client" || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+				t.Fatalf("NewRedis = %v, want an OptionError for client naming ContextTimeoutEnabled", err)
+			}
+		})
 	}
 }

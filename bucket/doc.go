@@ -123,6 +123,8 @@
 //		ContextTimeoutEnabled: true, // required for WithTimeout to bound calls
 //	})
 //
-// Without it, a hung Redis blocks a decision for the client's ReadTimeout
-// (default 5 s) instead.
+// Without it a hung Redis would block a decision for the client's
+// ReadTimeout (default 5 s) instead, so NewRedis and NewHybrid refuse a
+// *redis.Client, *redis.ClusterClient or *redis.Ring without it unless its
+// ReadTimeout and WriteTimeout are both within WithTimeout.
 package bucket

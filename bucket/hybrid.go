@@ -223,7 +223,7 @@ type hybridKey struct {
 // The client must honour context deadlines, or the timeout cannot bound a
 // call to a hung server: create it with ContextTimeoutEnabled: true (in
 // redis.Options, redis.ClusterOptions or redis.RingOptions); go-redis
-// ignores context deadlines otherwise. NewHybrid checks this for
+// ignores context deadlines otherwise. NewHybrid (like NewRedis) checks this for
 // *redis.Client, *redis.ClusterClient and *redis.Ring, and accepts one
 // without it only if its ReadTimeout and WriteTimeout are both > 0 and no
 // longer than the timeout. Other Scripter implementations are the caller's
@@ -243,9 +243,6 @@ func NewHybrid(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*H
 	}
 	hc, err := newHybridConfig(opts)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkContextTimeout(c, cfg.timeout); err != nil {
 		return nil, err
 	}
 	h := &Hybrid{
@@ -300,31 +297,6 @@ func NewHybrid(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*H
 	h.wg.Add(1)
 	go h.janitor()
 	return h, nil
-}
-
-// checkContextTimeout refuses a go-redis client whose calls the context
-// deadline cannot bound (see NewHybrid).
-func checkContextTimeout(c redis.Scripter, timeout time.Duration) error {
-	var enabled bool
-	var rt, wt time.Duration
-	switch cl := c.(type) {
-	case *redis.Client:
-		o := cl.Options()
-		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
-	case *redis.ClusterClient:
-		o := cl.Options()
-		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
-	case *redis.Ring:
-		o := cl.Options()
-		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
-	default:
-		return nil
-	}
-	if enabled || (rt > 0 && rt <= timeout && wt > 0 && wt <= timeout) {
-		return nil
-	}
-	return &throttle.OptionError{Field: "client", Reason: fmt.Sprintf(
-		"the go-redis client must be created with ContextTimeoutEnabled: true (or Read/WriteTimeout <= %v) so that the per-call timeout bounds Redis calls", timeout)}
 }
 
 // Rate returns the refill rate.

@@ -30,6 +30,10 @@ type config struct {
 		set       bool
 	}
 	maxKeys int // Local: most keys held, default DefaultMaxKeys
+	// server: WithServerClock; serverLocal is the local clock under the
+	// estimate (tests: nil means throttle.SystemClock).
+	server      bool
+	serverLocal throttle.Clock
 }
 
 const (
@@ -84,8 +88,11 @@ func WithPrefix(p string) Option {
 // WithTimeout bounds every Redis call, default 50 ms; it must be > 0. It
 // is applied as a context deadline (unless the caller's context already
 // ends sooner), which go-redis only honours on a client created with
-// ContextTimeoutEnabled: true; see the package documentation. Local
-// ignores it.
+// ContextTimeoutEnabled: true; NewRedis refuses a *redis.Client,
+// *redis.ClusterClient or *redis.Ring without it unless its ReadTimeout and
+// WriteTimeout are both within the timeout (the rule every Redis limiter of
+// this module applies). The deadline also covers waiting for a pooled
+// connection. See the package documentation. Local ignores it.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(cfg *config) error {
 		if err := deadline.Check(d); err != nil {
@@ -114,6 +121,44 @@ func WithLocalShare(instances int, safety float64) Option {
 		cfg.localShare.instances = instances
 		cfg.localShare.safety = safety
 		cfg.localShare.set = true
+		return nil
+	})
+}
+
+// WithServerClock makes a Redis bucket (and the Redis calls of a Hybrid)
+// decide on the Redis server's clock without calling TIME in its scripts,
+// for Redis services whose scripts may not call it: the limiter estimates
+// the server's clock from the TIME command (the midpoint of the shortest
+// of 3 round trips), re-estimates it every 10 s in the background (keeping
+// the estimate of the shortest round trip, up to a minute old), and sends
+// the estimate as the scripts' time, as WithClock does. Every process then
+// refills on one clock, however far apart their own clocks are; the error
+// of an estimate is at most half its round trip plus the local clock's
+// drift since (a few ppm). The first call makes the first estimate, within
+// the call's timeout; until one succeeds, calls fail (the Gate's failure
+// policy decides). On a Redis Cluster or Ring TIME goes to one node, whose
+// clock stands for all of them. The client must have a Time method
+// (*redis.Client, *redis.ClusterClient and *redis.Ring do). It cannot be
+// combined with WithClock. Local ignores it, and so does a Hybrid's local
+// bucket.
+//
+// Where the server has no usable clock at all, WithClock with a client
+// clock is what remains: the scripts never move a key's stored time
+// backwards (a lagging client's elapsed time is clamped at 0), but a
+// client whose clock runs ahead refills every key it touches early for
+// everyone: keep the clients' clocks synchronised (NTP).
+func WithServerClock() Option {
+	return optionFunc(func(cfg *config) error {
+		cfg.server = true
+		return nil
+	})
+}
+
+// withServerClockOver is WithServerClock over local instead of the system
+// clock (tests: processes whose clocks disagree).
+func withServerClockOver(local throttle.Clock) Option {
+	return optionFunc(func(cfg *config) error {
+		cfg.server, cfg.serverLocal = true, local
 		return nil
 	})
 }

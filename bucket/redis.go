@@ -11,7 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -61,7 +63,8 @@ type Redis struct {
 	rate    throttle.Rate
 	p       params
 	prefix  string
-	clock   throttle.Clock // nil: Redis TIME
+	clock   throttle.Clock    // nil: Redis TIME
+	server  *redisclock.Clock // WithServerClock: clock is it; nil otherwise
 	timeout time.Duration
 
 	// ARGV, formatted and boxed once.
@@ -75,14 +78,17 @@ const maxArgInt = 64
 
 // NewRedis returns a token bucket per key kept in c (a *redis.Client,
 // *redis.ClusterClient or *redis.Ring), refilling r.Count tokens per r.Per
-// up to burst (>= 1), starting full. c should have ContextTimeoutEnabled
-// set; see Redis.
+// up to burst (>= 1), starting full.
 //
 // Options: WithClock (default: the Redis server's TIME), WithPrefix
 // (default "throttle:bucket:"), WithTimeout (default 50 ms); WithLocalShare
 // is accepted and ignored. Errors wrap throttle.ErrInvalidOption and name
-// the field: a nil c, Rate.Count < 1, Rate.Per <= 0, burst < 1 (or burst ×
-// Per beyond 2^53 µs), a bad option.
+// the field: a nil c, Rate.Count < 1 or above 2^53/1000, Rate.Per <= 0,
+// burst < 1 (or burst × Per beyond 2^53 µs), a bad option; and "client"
+// for a *redis.Client, *redis.ClusterClient or *redis.Ring created without
+// ContextTimeoutEnabled: true whose ReadTimeout and WriteTimeout are not
+// both within WithTimeout (go-redis would then ignore the context deadline
+// that bounds each call; NewHybrid has the same rule).
 func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Redis, error) {
 	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
@@ -93,6 +99,9 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
+		return nil, err
+	}
+	if err := redisopt.CheckContextTimeout(c, cfg.timeout); err != nil {
 		return nil, err
 	}
 	l := &Redis{
@@ -111,6 +120,17 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	}
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
+	}
+	if cfg.server {
+		if cfg.clock != nil {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: "cannot be combined with WithClock"}
+		}
+		t, ok := c.(redisclock.Timer)
+		if !ok {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: fmt.Sprintf("the client %T has no Time method", c)}
+		}
+		l.server = redisclock.New(t, cfg.serverLocal)
+		l.clock = l.server
 	}
 	return l, nil
 }
@@ -208,6 +228,9 @@ func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
 	n = minInt(n, l.p.burst)
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
+	if err := l.ready(ctx); err != nil {
+		return err
+	}
 	keys := []string{rediskey.Key(l.prefix, key)}
 	var err error
 	if l.clock == nil {
@@ -217,7 +240,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
 		err = giveBackScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n), now).Err()
 	}
 	if err != nil {
-		return fmt.Errorf("bucket: redis: %w", err)
+		return fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	return nil
 }
@@ -243,6 +266,9 @@ var errReply = errors.New("bucket: redis: unexpected script reply")
 func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, error) {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
+	if err := l.ready(ctx); err != nil {
+		return 0, 0, err
+	}
 	keys := []string{rediskey.Key(l.prefix, key)}
 	var cmd *redis.Cmd
 	if l.clock == nil {
@@ -253,7 +279,7 @@ func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64,
 	}
 	res, err := cmd.Result()
 	if err != nil {
-		return 0, 0, fmt.Errorf("bucket: redis: %w", err)
+		return 0, 0, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 2 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -68,6 +69,9 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	}
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
+	if err := l.ready(ctx); err != nil {
+		return throttle.Decision{}, err
+	}
 	k := rediskey.Key(l.prefix, key)
 	keys := []string{k, k + idsSuffix}
 	h := strconv.FormatInt(horizonMicros(horizon), 10)
@@ -80,7 +84,7 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	}
 	res, err := cmd.Result()
 	if err != nil {
-		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", err)
+		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 4 {
@@ -105,3 +109,15 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 }
 
 var _ throttle.IDLimiter = (*Redis)(nil)
+
+// ready makes sure the WithServerClock estimate exists (see
+// redisclock.Clock.Ready); without WithServerClock it does nothing.
+func (l *Redis) ready(ctx context.Context) error {
+	if l.server == nil {
+		return nil
+	}
+	if err := l.server.Ready(ctx); err != nil {
+		return fmt.Errorf("bucket: redis: %w", err)
+	}
+	return nil
+}

@@ -92,7 +92,9 @@
 //
 // Every Redis call is bounded by [WithTimeout] (default 50 ms) as a
 // context deadline, which go-redis honours only on clients created with
-// ContextTimeoutEnabled: true. [NewRedis] takes a redis.Scripter, which
+// ContextTimeoutEnabled: true ([NewRedis] refuses a client without it
+// unless its ReadTimeout and WriteTimeout are both within the timeout).
+// [NewRedis] takes a redis.Scripter, which
 // *redis.Client, *redis.ClusterClient and *redis.Ring all satisfy. On a
 // Redis Cluster each call is one script run on the master that holds the
 // key's slot, and the script touches only the keys of that one slot, so

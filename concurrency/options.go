@@ -80,8 +80,11 @@ func WithPrefix(p string) Option {
 // WithTimeout bounds every Redis call, default 50 ms; it must be > 0. It is
 // applied as a context deadline (unless the caller's context already ends
 // sooner), which go-redis honours only on a client created with
-// ContextTimeoutEnabled: true; without it a hung Redis holds a call for
-// the client's ReadTimeout (default 5 s, and go-redis may retry). A call
+// ContextTimeoutEnabled: true; NewRedis refuses a *redis.Client,
+// *redis.ClusterClient or *redis.Ring without it unless its ReadTimeout and
+// WriteTimeout are both within the timeout (the rule every Redis limiter of
+// this module applies). The deadline also covers waiting for a pooled
+// connection. A call
 // that times out returns an error. Memory ignores it.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(cfg *config) error {

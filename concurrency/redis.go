@@ -13,6 +13,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -85,11 +86,14 @@ func (l *Redis) leaseArg(us int64) any {
 // (a *redis.Client, *redis.ClusterClient or *redis.Ring).
 //
 // Options: WithClock (default: the Redis server's TIME), WithPrefix
-// (default "throttle:concurrency:") and WithTimeout (default 50 ms; create
-// c with ContextTimeoutEnabled: true so go-redis honours it). Errors wrap
-// throttle.ErrInvalidOption and name the field at fault: "client" for a nil
-// c (or a typed nil such as (*redis.Client)(nil)), "limit" for a limit < 1,
-// or the option.
+// (default "throttle:concurrency:") and WithTimeout (default 50 ms). Errors
+// wrap throttle.ErrInvalidOption and name the field at fault: "client" for
+// a nil c (or a typed nil such as (*redis.Client)(nil)) and for a
+// *redis.Client, *redis.ClusterClient or *redis.Ring created without
+// ContextTimeoutEnabled: true whose ReadTimeout and WriteTimeout are not
+// both within WithTimeout (go-redis would ignore the context deadline that
+// bounds each call); "limit" for a limit < 1 or above 2^53 (the script's
+// Lua numbers are doubles); or the option.
 func NewRedis(c redis.Scripter, limit int, opts ...Option) (*Redis, error) {
 	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
@@ -97,8 +101,14 @@ func NewRedis(c redis.Scripter, limit int, opts ...Option) (*Redis, error) {
 	if err := checkLimit(limit); err != nil {
 		return nil, err
 	}
+	if err := redisopt.CheckExact("limit", int64(limit)); err != nil {
+		return nil, err
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
+		return nil, err
+	}
+	if err := redisopt.CheckContextTimeout(c, cfg.timeout); err != nil {
 		return nil, err
 	}
 	return &Redis{
@@ -190,7 +200,7 @@ func (l *Redis) run(ctx context.Context, key string, mode any, id string, lease 
 		res, err = slotsScript.Run(ctx, l.client, []string{k, k + clockSuffix}, mode, id, lease, l.argLimit, now).Result()
 	}
 	if err != nil {
-		return v, fmt.Errorf("concurrency: redis: %w", err)
+		return v, fmt.Errorf("concurrency: redis: %w", redisopt.Explain("concurrency", err))
 	}
 	vals, ok := res.([]any)
 	if !ok || len(vals) != len(v) {

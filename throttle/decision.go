@@ -65,6 +65,14 @@ type Decision struct {
 	// the same id again at or after that instant is admitted on the
 	// reservation. Always false when Allowed.
 	Reserved bool
+	// Err is, for a Decision a Gate made with its failure policy because
+	// the limiter could not decide (Source SourceDegraded), the limiter's
+	// error: a store failure or timeout, or ErrClosed. Gate.Admit then
+	// returns a nil error, so that callers follow the policy, and Err is
+	// how they learn why (the consumers in this module pass it, rate
+	// limited, to their error handlers as a *StoreError). Nil otherwise,
+	// and always nil in Decisions that limiters return.
+	Err error
 }
 
 // CeilMillisecond rounds d up to a whole millisecond. Negative durations

@@ -32,7 +32,37 @@ var (
 	// ErrLimited is matched (errors.Is) by every error that carries a
 	// rejection, such as *LimitedError.
 	ErrLimited = errors.New("throttle: limited")
+
+	// ErrStore is matched (errors.Is) by *StoreError: the limiter could not
+	// decide and the failure policy did.
+	ErrStore = errors.New("throttle: store failure")
 )
+
+// StoreError reports a decision the failure policy made because the
+// limiter failed (Decision.Err): consumer adapters pass it to their error
+// handlers, at most a few per second, with the number of failures left
+// unreported since the previous one. It matches ErrStore with errors.Is
+// and unwraps to the limiter's error.
+type StoreError struct {
+	Key        string        // the key of the decision
+	Policy     FailurePolicy // what decided instead
+	Suppressed int           // store failures not reported since the previous report
+	Err        error         // the limiter's error
+}
+
+func (e *StoreError) Error() string {
+	s := fmt.Sprintf("throttle: store failure for key %q, %s decided", e.Key, e.Policy)
+	if e.Suppressed > 0 {
+		s += fmt.Sprintf(" (%d more since the last report)", e.Suppressed)
+	}
+	return s + ": " + e.Err.Error()
+}
+
+// Is reports whether target is ErrStore.
+func (e *StoreError) Is(target error) bool { return target == ErrStore }
+
+// Unwrap returns the limiter's error.
+func (e *StoreError) Unwrap() error { return e.Err }
 
 // OptionError is a configuration error naming the field at fault. It
 // matches ErrInvalidOption with errors.Is.

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -50,6 +51,9 @@ type Gate struct {
 	addOpts     [3][SourceDegraded + 1][]metric.AddOption
 	recordOpts  [3][SourceDegraded + 1][]metric.RecordOption
 	storeErrOpt []metric.AddOption
+
+	logger   *slog.Logger // nil: no logs
+	failures failureLog
 }
 
 // NewGate returns a Gate over l. The limiter is required; errors wrap
@@ -73,7 +77,7 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if cfg.meterProvider == nil {
 		cfg.meterProvider = otel.GetMeterProvider()
 	}
-	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon}
+	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon, logger: cfg.logger}
 	g.ids, _ = l.(IDLimiter)
 	if a, ok := l.(Algorithmer); ok && g.algorithm == "" {
 		g.algorithm = a.Algorithm()
@@ -145,8 +149,9 @@ func (g *Gate) Reservations() time.Duration {
 //
 // A rejection is a Decision with Allowed == false and a nil error. When the
 // limiter fails (store error or timeout), the failure policy decides and the
-// Decision has Source SourceDegraded; the error is then recorded on the span
-// and counted, and Admit still returns a nil error. A limiter closed while
+// Decision has Source SourceDegraded and Err set to the limiter's error; the
+// error is then recorded on the span, counted and logged (WithLogger), and
+// Admit still returns a nil error. A limiter closed while
 // in use (ErrClosed) gives a rejection with the degraded retry-after,
 // whatever the policy.
 //
@@ -196,13 +201,21 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 		case IsUsageError(err):
 			span.SetStatus(codes.Error, err.Error())
 			span.End()
-			return Decision{Limit: g.limit, RetryAfter: Never}, err
+			d = Decision{Limit: g.limit, RetryAfter: Never}
+			if g.logger != nil {
+				g.logDecision(ctx, key, n, d, err)
+			}
+			return d, err
 		case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 			// The caller gave up: no decision, but nothing wrong with
 			// the request either.
 			span.SetStatus(codes.Error, err.Error())
 			span.End()
-			return Decision{Limit: g.limit, RetryAfter: g.degradedRetry}, err
+			d = Decision{Limit: g.limit, RetryAfter: g.degradedRetry}
+			if g.logger != nil {
+				g.logDecision(ctx, key, n, d, err)
+			}
+			return d, err
 		case errors.Is(err, ErrClosed):
 			d = g.rejectDegraded()
 			span.SetStatus(codes.Error, "limiter closed; rejected")
@@ -210,9 +223,15 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 			d = g.degraded()
 			span.SetStatus(codes.Error, "limiter failed; "+g.policy.String()+" decided")
 		}
+		d.Err = err
 		if g.metered {
 			g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
 		}
+		if g.logger != nil {
+			g.logFailure(ctx, key, err)
+		}
+	} else if g.logger != nil {
+		g.failures.succeeded()
 	}
 	if d.Allowed {
 		d.Reserved = false
@@ -244,6 +263,9 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 	if g.metered {
 		g.decisions.Add(ctx, 1, g.addOpts[outcome][src]...)
 		g.duration.Record(ctx, (monotonic() - start).Seconds(), g.recordOpts[outcome][src]...)
+	}
+	if g.logger != nil {
+		g.logDecision(ctx, key, n, d, nil)
 	}
 	return d, nil
 }

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -44,6 +45,7 @@ type gateConfig struct {
 	degradedRetry     time.Duration
 	algorithmOverride string
 	horizon           time.Duration
+	logger            *slog.Logger
 }
 
 // WithTracerProvider sets the provider of the decision spans. Nil means the

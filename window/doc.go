@@ -109,7 +109,9 @@
 //
 // Every Redis call is bounded by [WithTimeout] (default 50 ms) as a context
 // deadline, which go-redis honours only on clients created with
-// ContextTimeoutEnabled: true. A call that times out is an error, and the
+// ContextTimeoutEnabled: true; [NewRedis] refuses a client without it
+// unless its ReadTimeout and WriteTimeout are both within the timeout. A
+// call that times out is an error, and the
 // throttle.Gate's failure policy decides. One call may charge at most
 // [MaxCost] units: the log stores one member per unit, so a large n would
 // hold the Redis server for O(n). For weights such as bytes, use a token

@@ -17,10 +17,23 @@ const memoryShards = 32
 // backwards is clamped to the newest admission of the key.
 //
 // Memory is bounded by the keys that admitted something in the last window:
-// a key's log holds at most Count entries, and a key whose newest admission
-// has left the window is deleted by a periodic sweep (at most once per Per
-// for each of its 32 shards). It is safe for concurrent use. Deciding for a
-// key seen before allocates nothing.
+// a key's log holds at most Count entries (plus its reservations), and a
+// key whose newest admission has left the window (and whose unclaimed
+// reservations have passed their grace) is deleted by a periodic sweep, at
+// most once per Per for each of its 32 shards, on the next decision that
+// lands in the shard. So memory is O(keys active within the last one to
+// two windows × their entries), however many distinct keys came and went
+// before: a Go map never shrinks, so a shard whose sweep leaves fewer than
+// a quarter of the keys it held at its peak (of at least 256) is rebuilt
+// into a map of the live keys, and a spike of millions of keys gives its
+// memory back to the garbage collector at the first decision in each
+// shard once the spike's keys have left their window (one to two windows
+// after its end; a Memory that decides nothing more keeps it). Memory holds no limit on the number of
+// keys: for keys that a client chooses, cap them before they reach it, or
+// use bucket.Local, which holds at most its WithMaxKeys.
+//
+// It is safe for concurrent use. Deciding for a key seen before allocates
+// nothing.
 type Memory struct {
 	rate   throttle.Rate
 	quotas throttle.QuotaFunc
@@ -34,7 +47,8 @@ type memoryShard struct {
 	mu      sync.Mutex
 	logs    map[string]*windowLog
 	sweepAt int64 // µs: next time the shard is swept for idle keys
-	_       [40]byte
+	peak    int   // the most keys logs has held since it was made
+	_       [32]byte
 }
 
 // NewMemory returns an in-process sliding window admitting r.Count per
@@ -120,6 +134,7 @@ func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64
 	if l == nil {
 		l = &windowLog{}
 		s.logs[key] = l
+		s.peak = max(s.peak, len(s.logs))
 	}
 	return l.decide(now, n, id, withID, horizon, limits{limit: r.Count, window: window, nominal: perUS}), nil
 }
@@ -146,6 +161,27 @@ func (s *memoryShard) sweep(now, window int64) {
 		}
 	}
 	s.sweepAt = now + window
+	if s.peak >= minRebuildPeak && len(s.logs) < s.peak/4 {
+		s.rebuild()
+	}
+}
+
+// minRebuildPeak is the smallest peak of keys after which a shard's map is
+// rebuilt when most of its keys are gone: smaller maps cost too little to
+// be worth the copy.
+const minRebuildPeak = 256
+
+// rebuild copies the live keys into a fresh map, so that the buckets the
+// old one grew to at its peak (a Go map never shrinks) can be collected.
+// It costs O(live keys) under the shard's lock, and runs at most once per
+// sweep after the shard has lost three quarters of its peak.
+func (s *memoryShard) rebuild() {
+	fresh := make(map[string]*windowLog, len(s.logs))
+	for k, l := range s.logs {
+		fresh[k] = l
+	}
+	s.logs = fresh
+	s.peak = len(fresh)
 }
 
 // micros converts µs to a Duration rounded up to the millisecond.

@@ -22,6 +22,10 @@ type config struct {
 	clockSet bool
 	timeout  time.Duration // per Redis call
 	quotas   throttle.QuotaFunc
+	// server: WithServerClock; serverLocal is the local clock under the
+	// estimate (tests: nil means throttle.SystemClock).
+	server      bool
+	serverLocal throttle.Clock
 }
 
 const (
@@ -71,6 +75,46 @@ func WithClock(c throttle.Clock) Option {
 	})
 }
 
+// WithServerClock makes a Redis window decide on the Redis server's clock
+// without calling TIME in its script, for Redis services whose scripts may
+// not call it: the limiter estimates the server's clock from the TIME
+// command (the midpoint of the shortest of 3 round trips), re-estimates it
+// every 10 s in the background (keeping the estimate of the shortest round
+// trip, up to a minute old), and sends the estimate as the script's time,
+// as WithClock does. Every process then decides on one clock, however far
+// apart their own clocks are; the error of an estimate is at most half its
+// round trip (tens of µs on a LAN) plus the local clock's drift since (a
+// few ppm). The first decision makes the first estimate, within the
+// decision's timeout; until one succeeds, decisions fail (the Gate's
+// failure policy decides). On a Redis Cluster or Ring TIME goes to one
+// node, whose clock stands for all of them (NTP keeps them within
+// milliseconds). The client must have a Time method (*redis.Client,
+// *redis.ClusterClient and *redis.Ring do). It cannot be combined with
+// WithClock. Memory ignores it.
+//
+// Where the server has no usable clock at all (TIME refused as a command
+// too), WithClock with a client clock is what remains: the script never
+// moves a key's stored time backwards, so a client whose clock lags is
+// clamped to the newest admission of the key (its admissions count from
+// there), but a client whose clock runs ahead moves every key it touches
+// forward for everyone, and the window holds exactly only as far as the
+// clients' clocks agree: keep them synchronised (NTP) to well within Per.
+func WithServerClock() Option {
+	return optionFunc(func(cfg *config) error {
+		cfg.server = true
+		return nil
+	})
+}
+
+// withServerClockOver is WithServerClock over local instead of the system
+// clock (tests: processes whose clocks disagree).
+func withServerClockOver(local throttle.Clock) Option {
+	return optionFunc(func(cfg *config) error {
+		cfg.server, cfg.serverLocal = true, local
+		return nil
+	})
+}
+
 // WithPrefix sets the prefix of every Redis key, default "throttle:window:".
 // It must not contain '{' or '}', which would break the key's hash tag.
 // Memory ignores it.
@@ -87,8 +131,11 @@ func WithPrefix(p string) Option {
 // WithTimeout bounds every Redis call, default 50 ms; it must be > 0. It is
 // applied as a context deadline (unless the caller's context already ends
 // sooner), which go-redis honours only on a client created with
-// ContextTimeoutEnabled: true; without it a hung Redis holds a decision for
-// the client's ReadTimeout (default 5 s, and go-redis may retry). A
+// ContextTimeoutEnabled: true; NewRedis refuses a *redis.Client,
+// *redis.ClusterClient or *redis.Ring without it unless its ReadTimeout and
+// WriteTimeout are both within the timeout (the rule every Redis limiter of
+// this module applies). The deadline also covers waiting for a pooled
+// connection. A
 // decision that times out is an error, and the throttle.Gate's failure
 // policy decides. Memory ignores it.
 func WithTimeout(d time.Duration) Option {

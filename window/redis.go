@@ -14,7 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -34,7 +36,9 @@ var windowScript = redis.NewScript(windowLua)
 // By default the instant is the Redis server's TIME, so every process
 // sharing the Redis shares one clock. With WithClock the client sends its
 // own time, and the script clamps it to the newest admission of the key so
-// that stored time never moves backwards.
+// that stored time never moves backwards. With WithServerClock, for a
+// Redis whose scripts may not call TIME, the client sends the server's
+// time as estimated from the TIME command.
 //
 // The algorithm is the sliding window log (see the package documentation),
 // on the common Redis layout of a sorted set of admission times, decided in
@@ -47,9 +51,10 @@ type Redis struct {
 	client   redis.Scripter
 	rate     throttle.Rate
 	prefix   string
-	clock    throttle.Clock // nil: Redis TIME
-	timeout  time.Duration  // per call
-	argWin   any            // precomputed ARGV strings, boxed once
+	clock    throttle.Clock    // nil: Redis TIME
+	server   *redisclock.Clock // WithServerClock: clock is it; nil otherwise
+	timeout  time.Duration     // per call
+	argWin   any               // precomputed ARGV strings, boxed once
 	argLimit any
 	member   memberSource
 	quotas   throttle.QuotaFunc
@@ -59,10 +64,15 @@ type Redis struct {
 // each key, stored in c (a *redis.Client, *redis.ClusterClient or
 // *redis.Ring). The window is r.Per rounded up to a whole microsecond.
 //
-// Options: WithClock (default: the Redis server's TIME), WithPrefix
-// (default "throttle:window:") and WithTimeout (default 50 ms; create c
-// with ContextTimeoutEnabled: true so go-redis honours it). Errors wrap throttle.ErrInvalidOption and
-// name the field at fault: a nil c, an invalid r, a bad option.
+// Options: WithClock or WithServerClock (default: the Redis server's TIME
+// inside the script), WithPrefix (default "throttle:window:") and
+// WithTimeout (default 50 ms). Errors wrap throttle.ErrInvalidOption and
+// name the field at fault: a nil c; an invalid r, or r.Count above 2^53
+// (the script's Lua numbers are doubles); a bad option; and a
+// *redis.Client, *redis.ClusterClient or *redis.Ring created without
+// ContextTimeoutEnabled: true whose ReadTimeout and WriteTimeout are not
+// both within WithTimeout (field "client"), since go-redis would then
+// ignore the context deadline that bounds each call.
 func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error) {
 	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
@@ -70,8 +80,14 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 	if err := checkRate(r); err != nil {
 		return nil, err
 	}
+	if err := redisopt.CheckExact("Rate.Count", int64(r.Count)); err != nil {
+		return nil, err
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
+		return nil, err
+	}
+	if err := redisopt.CheckContextTimeout(c, cfg.timeout); err != nil {
 		return nil, err
 	}
 	window := r.PerMicros()
@@ -84,6 +100,17 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		argWin:   strconv.FormatInt(window, 10),
 		argLimit: strconv.Itoa(r.Count),
 		quotas:   cfg.quotas,
+	}
+	if cfg.server {
+		if cfg.clockSet {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: "cannot be combined with WithClock"}
+		}
+		t, ok := c.(redisclock.Timer)
+		if !ok {
+			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: fmt.Sprintf("the client %T has no Time method", c)}
+		}
+		l.server = redisclock.New(t, cfg.serverLocal)
+		l.clock = l.server
 	}
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
@@ -160,6 +187,9 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 			return throttle.Decision{}, err
 		}
 		if r != l.rate {
+			if err := redisopt.CheckExact("quota Rate.Count", int64(r.Count)); err != nil {
+				return throttle.Decision{}, fmt.Errorf("window: quota of key %q: %w", key, err)
+			}
 			argWin, argLimit = strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count)
 		}
 	}
@@ -171,6 +201,11 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 	}
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
+	if l.server != nil {
+		if err := l.server.Ready(ctx); err != nil {
+			return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
+		}
+	}
 	argN := argOne
 	if n != 1 {
 		argN = strconv.Itoa(n)
@@ -190,7 +225,7 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 		}
 	}
 	if err != nil {
-		return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
+		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
 	return l.decision(res, r.Count)
 }

@@ -26,7 +26,7 @@ func newTestRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Optio
 }
 
 func TestNewRedisBadInput(t *testing.T) {
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}) // never dialled
 	t.Cleanup(func() { _ = client.Close() })
 	tests := []struct {
 		name   string
@@ -41,6 +41,11 @@ func TestNewRedisBadInput(t *testing.T) {
 		{"zero Per", client, throttle.Rate{Count: 1}, nil, "Rate.Per"},
 		{"negative Count", client, throttle.Rate{Count: -1, Per: time.Second}, nil, "Rate.Count"},
 		{"brace in prefix", client, throttle.PerSecond(1), []Option{WithPrefix("a{b")}, "WithPrefix"},
+		{"Count above 2^53", client, throttle.Rate{Count: 1<<53 + 1, Per: time.Second}, nil, "Rate.Count"},
+		{"Client without ContextTimeoutEnabled", noContextClient(t), throttle.PerSecond(1), nil, "client"},
+		{"ClusterClient without ContextTimeoutEnabled", noContextCluster(t), throttle.PerSecond(1), nil, "client"},
+		{"Ring without ContextTimeoutEnabled", noContextRing(t), throttle.PerSecond(1), nil, "client"},
+		{"Read/WriteTimeout above WithTimeout", shortTimeoutsClient(t), throttle.PerSecond(1), []Option{WithTimeout(10 * time.Millisecond)}, "client"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,6 +59,16 @@ func TestNewRedisBadInput(t *testing.T) {
 			}
 		})
 	}
+	t.Run("Count of 2^53", func(t *testing.T) {
+		if _, err := NewRedis(client, throttle.Rate{Count: 1 << 53, Per: time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("Read/WriteTimeout within WithTimeout", func(t *testing.T) {
+		if _, err := NewRedis(shortTimeoutsClient(t), throttle.PerSecond(1), WithTimeout(20*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("nil options are ignored", func(t *testing.T) {
 		l, err := NewRedis(client, throttle.PerSecond(1), nil, WithClock(nil))
 		if err != nil || l.clock != nil || l.prefix != defaultPrefix {
@@ -65,7 +80,7 @@ func TestNewRedisBadInput(t *testing.T) {
 // TestRedisBadCostNoCall checks that a bad cost is refused before any
 // Redis call: the client points at a closed port.
 func TestRedisBadCostNoCall(t *testing.T) {
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
 	l, err := NewRedis(client, throttle.Rate{Count: MaxCost + 1, Per: time.Second})
 	if err != nil {
@@ -429,4 +444,32 @@ func TestRedisStoreFailure(t *testing.T) {
 	if err != nil || !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("Allow after Restart = %+v, %v; want admitted with Remaining 9", d, err)
 	}
+}
+
+// noContextClient, noContextCluster and noContextRing return clients
+// created without ContextTimeoutEnabled (never dialled), which NewRedis
+// must refuse; shortTimeoutsClient one without it but with 20 ms read and
+// write timeouts.
+func noContextClient(t *testing.T) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func noContextCluster(t *testing.T) *redis.ClusterClient {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func noContextRing(t *testing.T) *redis.Ring {
+	c := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func shortTimeoutsClient(t *testing.T) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: 20 * time.Millisecond, WriteTimeout: 20 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

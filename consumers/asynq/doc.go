@@ -183,4 +183,14 @@
 // Middleware and NewHandler have no error return and do not panic: with a
 // nil Gate or handler, every task gets an error wrapping
 // throttle.ErrInvalidOption, a genuine failure to asynq, and nothing runs.
+//
+// # Store failures
+//
+// A decision the Gate's failure policy made because the limiter failed (a
+// Redis outage or timeout: Decision.Err) is not an error to asynq: the task
+// goes on as the policy decided. WithErrorHandler receives these failures
+// as *throttle.StoreError with the task, at most 3 at once and then 2 per
+// second per handler, each counting the failures left unreported since the
+// previous one; the Gate's span records every one, and throttle.WithLogger
+// logs them.
 package asynqthrottle

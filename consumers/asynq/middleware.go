@@ -74,6 +74,7 @@ type handler struct {
 	cfg       config
 	tracer    trace.Tracer
 	misconfig error
+	storeErrs throttle.StoreErrors // rate limit of store failures reported
 }
 
 // taskInfo is what the asynq context says about the task being processed.
@@ -128,6 +129,9 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 	waits := 0
 	for {
 		d, err := h.admit(ctx, key, cost, id)
+		if d.Err != nil {
+			h.storeFailure(ctx, t, key, d)
+		}
 		at := time.Now()
 		switch {
 		case err != nil && throttle.IsUsageError(err):

@@ -26,6 +26,7 @@ type config struct {
 	maxWait        time.Duration // < 0: checkInterval + 1 s
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
+	onError        func(context.Context, *asynq.Task, error)
 }
 
 func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) { return t.Type(), nil }
@@ -140,6 +141,25 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 	return optionFunc(func(c *config) {
 		if p != nil {
 			c.propagators = p
+		}
+	})
+}
+
+// WithErrorHandler sets a function called with the store failures the
+// handler meets: a decision the Gate's failure policy made because the
+// limiter failed (a Redis outage or timeout, a script Redis refuses) is a
+// *throttle.StoreError, matching throttle.ErrStore, passed with the task
+// whose decision it was; at most 3 at once and then 2 per second per
+// handler, each with the number of failures left unreported since the
+// previous one (during an outage every decision fails). The task itself
+// goes on as the policy decided. Every other error (a key or cost function
+// error, a bad configuration, a done context) is returned to asynq, whose
+// Config.ErrorHandler sees it. f may be called from many workers at once.
+// The default does nothing. Nil keeps the default.
+func WithErrorHandler(f func(ctx context.Context, t *asynq.Task, err error)) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.onError = f
 		}
 	})
 }

@@ -76,7 +76,11 @@
 // Errors (a failed Nak, InProgress or Term, the errors above, a decision
 // timeout, ErrClosed) go to the error handler (WithErrorHandler; default
 // none), to the logger (WithLogger; default none) and to the span
-// (RecordError, status Error).
+// (RecordError, status Error). So do store failures, rate limited: a
+// decision the Gate's failure policy made because the limiter failed
+// (Decision.Err) is reported as a *throttle.StoreError, at most 3 at once
+// and then 2 per second per Handler, each counting the failures left
+// unreported since the previous one (the Gate's span records every one).
 //
 // A message whose Metadata fails (not a JetStream message) is still
 // decided; its delivery count is unknown, so it is never held.

@@ -55,6 +55,8 @@ type Handler struct {
 	held       atomic.Int64 // messages in the hold loop
 	waiting    atomic.Int64 // messages waiting in process for a near slot
 	heartbeats atomic.Int64 // InProgress sent for held messages
+
+	storeErrs throttle.StoreErrors // rate limit of store failures reported
 }
 
 // New returns a Handler that gates next with g. next and g are required;
@@ -373,10 +375,17 @@ func (h *Handler) lastDelivery(msg jetstream.Msg) bool {
 func (h *Handler) admit(ctx context.Context, r *request) (throttle.Decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.decision)
 	defer cancel()
+	var d throttle.Decision
+	var err error
 	if r.id == "" {
-		return h.gate.Admit(ctx, r.key, r.cost)
+		d, err = h.gate.Admit(ctx, r.key, r.cost)
+	} else {
+		d, err = h.gate.AdmitID(ctx, r.key, r.cost, r.id)
 	}
-	return h.gate.AdmitID(ctx, r.key, r.cost, r.id)
+	if d.Err != nil {
+		h.storeFailure(ctx, r, d)
+	}
+	return d, err
 }
 
 // request derives the key and cost of msg.

@@ -355,8 +355,13 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 // function error, a request the Gate refuses as a usage error, a decision
 // not made within the decision timeout (wrapping the context's error,
 // context.DeadlineExceeded), a held message abandoned by Close
-// (ErrClosed), a bad configuration (once per message). A rejection is not
-// an error. f may be called from the Consume callback and from
+// (ErrClosed), a bad configuration (once per message), and a decision the
+// Gate's failure policy made because the limiter failed (a
+// *throttle.StoreError, matching throttle.ErrStore, for the message whose
+// decision it was; at most 3 at once and then 2 per second per Handler,
+// each with the number of failures left unreported since the previous
+// one: during an outage every decision fails). A rejection is not an
+// error. f may be called from the Consume callback and from
 // held-message goroutines at the same time. The default does nothing. Nil
 // keeps the default.
 func WithErrorHandler(f func(jetstream.Msg, error)) Option {

@@ -340,3 +340,16 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// StartArgs is Start with extra redis-server arguments, such as
+// "--rename-command", "TIME", "" for a server whose scripts cannot call
+// TIME.
+func StartArgs(t testing.TB, args ...string) *Server {
+	t.Helper()
+	s, err := newServerArgs(lookBinary(t), func(int) ([]string, error) { return args, nil })
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.shutdown)
+	return s
+}
