@@ -180,7 +180,7 @@ func (a *asynqSide) handleError(_ context.Context, t *asynq.Task, err error) {
 	var rl *asynqthrottle.RateLimitError
 	switch {
 	case errors.As(err, &rl):
-		a.rec.rejected(j.Tenant, j.ID)
+		a.rec.rejected(j.Tenant, j.ID, time.Now(), rl.Decision.Reserved)
 		if rl.Err != nil { // could not be kept from asynq's archive
 			a.throttleErrs.add(taskType+" "+j.ID, err)
 			a.rec.term(j.Tenant)

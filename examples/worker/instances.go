@@ -40,15 +40,20 @@ const childEnv = "QUEUETHROTTLE_EXAMPLE_WORKER_PROCESS"
 
 // record is one JSON line from a worker process.
 type record struct {
-	Kind   string              `json:"kind"` // "admit", "handle", "nak", "hold", "term", "error" or "done"
-	Tenant string              `json:"tenant,omitempty"`
-	N      int                 `json:"n,omitempty"`      // admit: cost units
-	Before int64               `json:"before,omitempty"` // admit: clock before the decision, Unix ns
-	After  int64               `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
-	Run    *handled            `json:"run,omitempty"`    // handle
-	Seq    uint64              `json:"seq,omitempty"`    // hold: stream sequence
-	Err    string              `json:"err,omitempty"`    // error: a line for the summary
-	Hybrid *bucket.HybridStats `json:"hybrid,omitempty"` // done: the hybrid's decisions
+	Kind   string   `json:"kind"` // "admit", "handle", "nak", "hold", "term", "metrics", "error" or "done"
+	Tenant string   `json:"tenant,omitempty"`
+	N      int      `json:"n,omitempty"`      // admit: cost units
+	Before int64    `json:"before,omitempty"` // admit: clock before the decision, Unix ns
+	After  int64    `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
+	Run    *handled `json:"run,omitempty"`    // handle
+	Seq    uint64   `json:"seq,omitempty"`    // hold: stream sequence
+	At     int64    `json:"at,omitempty"`     // nak, hold: when it was sent, Unix ns (0: when received)
+	// Reserved, on a nak, reports that its decision reserved the
+	// message's own slot.
+	Reserved bool                `json:"reserved,omitempty"`
+	Addr     string              `json:"addr,omitempty"`   // metrics: where the process serves its metrics
+	Err      string              `json:"err,omitempty"`    // error: a line for the summary
+	Hybrid   *bucket.HybridStats `json:"hybrid,omitempty"` // done: the hybrid's decisions
 }
 
 // recordWriter sends the events of a worker process as records, one JSON
@@ -77,10 +82,12 @@ func (w *recordWriter) admitted(tenant string, n int, before, after time.Time) {
 
 func (w *recordWriter) handle(h handled) { w.send(record{Kind: "handle", Run: &h}) }
 
-func (w *recordWriter) nak(tenant string) { w.send(record{Kind: "nak", Tenant: tenant}) }
+func (w *recordWriter) nak(tenant string, at time.Time, reserved bool) {
+	w.send(record{Kind: "nak", Tenant: tenant, At: at.UnixNano(), Reserved: reserved})
+}
 
-func (w *recordWriter) hold(tenant string, seq uint64) {
-	w.send(record{Kind: "hold", Tenant: tenant, Seq: seq})
+func (w *recordWriter) hold(tenant string, seq uint64, at time.Time) {
+	w.send(record{Kind: "hold", Tenant: tenant, Seq: seq, At: at.UnixNano()})
 }
 
 func (w *recordWriter) term(tenant string) { w.send(record{Kind: "term", Tenant: tenant}) }
@@ -142,7 +149,8 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return fmt.Errorf("consumer %s of stream %s: %w", durableName, streamName, err)
 	}
-	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID}
+	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs()}
+	lim.rejected = w.reserved.set
 	stopConsumer, err := consume(cons, gate, w, tp)
 	if err != nil {
 		return err
@@ -282,9 +290,9 @@ func (ps *processes) apply(p *process, r record) {
 			ps.rec.handle(*r.Run)
 		}
 	case "nak":
-		ps.rec.nak(r.Tenant)
+		ps.rec.nak(r.Tenant, recordTime(r.At), r.Reserved)
 	case "hold":
-		ps.rec.hold(r.Tenant, r.Seq)
+		ps.rec.hold(r.Tenant, r.Seq, recordTime(r.At))
 	case "term":
 		ps.rec.term(r.Tenant)
 	case "error":
@@ -301,6 +309,15 @@ func (ps *processes) apply(p *process, r record) {
 		}
 		ps.mu.Unlock()
 	}
+}
+
+// recordTime is the instant of a record's At: now for a record without
+// one (from a worker process of an earlier version).
+func recordTime(at int64) time.Time {
+	if at == 0 {
+		return time.Now()
+	}
+	return time.Unix(0, at)
 }
 
 // stop asks every process to stop (closes its stdin), waits up to grace

@@ -147,7 +147,8 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 
 	// The worker: the job handler gated by the throttle.
 	tracer := tp.Tracer(scopeName)
-	w := &worker{rec: rec, tracer: tracer}
+	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs()}
+	lim.rejected = w.reserved.set
 	stopConsumer, err := consume(cons, gate, w, tp)
 	if err != nil {
 		return report{}, err
@@ -302,7 +303,7 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, w *worker, tp trace.T
 	}
 	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
 		tenant, _ := tenantOf(m.Subject())
-		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant})
+		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
@@ -526,9 +527,10 @@ func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cl *closers)
 // Consume goroutine or, for a message held on its last delivery, on the
 // throttle's goroutine for it.
 type worker struct {
-	rec    events
-	tracer trace.Tracer
-	proc   int // worker process, with -instances
+	rec      events
+	tracer   trace.Tracer
+	proc     int          // worker process, with -instances
+	reserved *reservedIDs // the rejections of the Gate's limiter that reserved a slot
 
 	handlerErrs, throttleErrs errorLog
 }
@@ -614,17 +616,20 @@ func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, p
 }
 
 // observedMsg counts, per tenant, the NAKs and Terms the throttle sends and
-// the messages it holds (sends InProgress for).
+// the messages it holds (sends InProgress for), with their instants; a
+// NAK is marked reserved when the rejection before it reserved the
+// message's slot (reserved, filled by the tenantLimiter).
 type observedMsg struct {
 	jetstream.Msg
-	rec    events
-	tenant string
+	rec      events
+	tenant   string
+	reserved *reservedIDs
 }
 
 func (m observedMsg) Nak() error {
 	err := m.Msg.Nak()
 	if err == nil {
-		m.rec.nak(m.tenant)
+		m.rec.nak(m.tenant, time.Now(), m.wasReserved())
 	}
 	return err
 }
@@ -632,15 +637,26 @@ func (m observedMsg) Nak() error {
 func (m observedMsg) NakWithDelay(d time.Duration) error {
 	err := m.Msg.NakWithDelay(d)
 	if err == nil {
-		m.rec.nak(m.tenant)
+		m.rec.nak(m.tenant, time.Now(), m.wasReserved())
 	}
 	return err
+}
+
+// wasReserved reports whether the last decision on this message reserved
+// its slot. natsthrottle decides a message by its stream and stream
+// sequence, "STREAM:SEQ".
+func (m observedMsg) wasReserved() bool {
+	md, err := m.Metadata()
+	if err != nil || m.reserved == nil {
+		return false
+	}
+	return m.reserved.take(md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10))
 }
 
 func (m observedMsg) InProgress() error {
 	err := m.Msg.InProgress()
 	if md, merr := m.Metadata(); err == nil && merr == nil {
-		m.rec.hold(m.tenant, md.Sequence.Stream)
+		m.rec.hold(m.tenant, md.Sequence.Stream, time.Now())
 	}
 	return err
 }
