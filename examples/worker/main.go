@@ -88,6 +88,8 @@ type config struct {
 	// job reserves its own slot up to this far ahead. 0 turns them off.
 	Reservations time.Duration
 	Report       string // write the JSON report to this file
+	Plot         string // draw the run to this .svg or .html file
+	Metrics      string // serve the Gates' metrics for Prometheus on this address
 
 	// The hidden settings of a worker process of -instances.
 	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
@@ -125,6 +127,8 @@ func main() {
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "stop waiting for unhandled jobs after this long")
 	flag.DurationVar(&cfg.Reservations, "reservations", cfg.Reservations, "a rejected job reserves its own slot up to this `horizon` ahead and comes back once, to it (0: no reservations, rejections bounce)")
 	flag.StringVar(&cfg.Report, "report", "", "write the run's report as JSON to `FILE`")
+	flag.StringVar(&cfg.Plot, "plot", "", "draw the run per tenant (admissions per 100 ms against the limit, NAKs, reservations, holds, faults) to `FILE`.svg or FILE.html")
+	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")
@@ -173,10 +177,20 @@ var errCheckFailed = errors.New("check failed")
 // run replays the jobs, prints progress and the summary to out, and
 // returns errCheckFailed if the summary fails a check.
 func run(ctx context.Context, cfg config, out io.Writer) error {
+	if cfg.Plot != "" {
+		if err := checkPlotPath(cfg.Plot); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	rep, err := work(ctx, cfg, out)
 	if cfg.Report != "" && (err == nil || rep.Jobs > 0) {
 		if werr := writeReport(cfg.Report, rep, time.Since(start)); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+	if cfg.Plot != "" && (err == nil || rep.Jobs > 0) {
+		if werr := plotRun(cfg, rep, out); werr != nil {
 			return errors.Join(err, werr)
 		}
 	}
