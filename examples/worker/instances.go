@@ -130,8 +130,15 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	}
 	rw := newRecordWriter(out)
 	lim.admitted = rw.admitted
+	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &cl)
+	if err != nil {
+		return err
+	}
+	if metricsAddr != "" {
+		rw.send(record{Kind: "metrics", Addr: metricsAddr})
+	}
 	tp := noop.NewTracerProvider()
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(cfg.Reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return err
 	}
@@ -201,6 +208,7 @@ type process struct {
 // processes are the worker processes of a run and what they report.
 type processes struct {
 	rec    *recorder
+	out    io.Writer // where the main process prints
 	list   []*process
 	exited chan error // a process ended before it was asked to stop
 
@@ -212,9 +220,12 @@ type processes struct {
 }
 
 // startProcesses starts n worker processes (os.Executable() with
-// -worker-only and the settings of cfg) whose records go to rec. The
+// -worker-only and the settings of cfg) whose records go to rec, and
+// what the main process should print of them to out (safe for concurrent
+// use). With -metrics, process id serves its metrics on the port of
+// cfg.Metrics plus id (see processMetricsAddr). The
 // caller must call stop.
-func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder) (*processes, error) {
+func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder, out io.Writer) (*processes, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("-instances: find this program's binary: %w", err)
@@ -223,12 +234,20 @@ func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder)
 	if err != nil {
 		return nil, err
 	}
-	ps := &processes{rec: rec, exited: make(chan error, n)}
+	ps := &processes{rec: rec, out: out, exited: make(chan error, n)}
 	for id := 1; id <= n; id++ {
 		args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", keyPrefix,
 			"-nats", natsURL, "-redis", cfg.RedisURL, "-jobs", jobsPath,
 			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
 			"-reservations", cfg.Reservations.String()}
+		if cfg.Metrics != "" {
+			addr, err := processMetricsAddr(cfg.Metrics, id)
+			if err != nil {
+				ps.stop(0)
+				return nil, err
+			}
+			args = append(args, "-metrics", addr)
+		}
 		cmd := exec.Command(exe, args...)
 		cmd.Env = append(os.Environ(), childEnv+"=1")
 		cmd.Stderr = os.Stderr
@@ -295,6 +314,8 @@ func (ps *processes) apply(p *process, r record) {
 		ps.rec.hold(r.Tenant, r.Seq, recordTime(r.At))
 	case "term":
 		ps.rec.term(r.Tenant)
+	case "metrics":
+		fmt.Fprintf(ps.out, "worker process #%d serves the throttle's metrics for Prometheus at http://%s/metrics\n", p.id, r.Addr)
 	case "error":
 		ps.errs.add(fmt.Sprintf("worker process #%d", p.id), errors.New(r.Err))
 	case "done":
@@ -367,6 +388,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	if cfg.Trace != "" {
 		return report{}, errors.New("-trace is not supported with -instances: the spans are made in the worker processes")
 	}
+	out = &syncWriter{w: out} // the worker processes' lines and the progress
 	var cl closers
 	defer cl.run()
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
@@ -379,7 +401,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 		return report{}, err
 	}
 	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
-	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec)
+	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec, out)
 	if err != nil {
 		return report{}, err
 	}

@@ -105,6 +105,10 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
+	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &cl)
+	if err != nil {
+		return report{}, err
+	}
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
 	if err != nil {
 		return report{}, err
@@ -115,7 +119,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(cfg.Reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return report{}, err
 	}
@@ -140,7 +144,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		}
 		arec := newRecorder(start, len(jf.Jobs))
 		arec.consumer = consumerAsynq
-		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, cfg.Reservations, &cl); err != nil {
+		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, mp, cfg.Reservations, &cl); err != nil {
 			return report{}, err
 		}
 	}
@@ -157,6 +161,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, limitsText(jf, defRate))
+	if metricsAddr != "" {
+		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
+	}
 	if as != nil {
 		fmt.Fprintf(out, "and into asynq queue %s on the same Redis, gated by a limiter of its own (same limits), tasks with MaxRetry %d\n", as.queue, asynqMaxRetry)
 	}
