@@ -401,6 +401,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 		return report{}, err
 	}
 	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
+	rec.rateOf = rateOf
 	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec, out)
 	if err != nil {
 		return report{}, err

@@ -119,6 +119,9 @@ type recorder struct {
 	procs   map[int]int          // worker process -> handler runs, with -instances
 	rejects map[string]int       // job id -> rejections (asynq)
 	arrived map[string]time.Time // job id -> when it was published
+
+	// rateOf, if set, gives each tenant's limit for the progress lines.
+	rateOf func(string) throttle.Rate
 }
 
 func newRecorder(start time.Time, total int) *recorder {
@@ -245,24 +248,6 @@ func (r *recorder) maxDelivered(seq uint64) {
 	r.tenant(r.seqs[seq]).MaxDeliver++
 	r.lost++
 	r.check()
-}
-
-// progressLine returns a line such as
-// "t=3.5s published 200/368 handled 120/368 naks 40"; for asynq,
-// "asynq enqueued 200/368 handled 100/368 rejections 50".
-func (r *recorder) progressLine() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	line := fmt.Sprintf("t=%.1fs", time.Since(r.start).Seconds())
-	if r.consumer == consumerAsynq {
-		line = "asynq"
-	}
-	line += fmt.Sprintf(" %s %d/%d handled %d/%d %s %d",
-		r.consumer.published(), r.pubs, r.total, len(r.byID), r.total, r.consumer.rejections(), r.naks)
-	if r.lost > 0 {
-		line += fmt.Sprintf(" lost %d", r.lost)
-	}
-	return line
 }
 
 // event is an admission of n units at an instant known to lie in

@@ -133,6 +133,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// on its own goroutine), which can bunch handler starts beyond the
 	// limit while the admissions respect it.
 	lim.admitted = rec.admitted
+	rec.rateOf = rateOf
 
 	// With -redis, an asynq server on the same Redis gets the same jobs,
 	// gated by a limiter of its own (keys under a prefix of their own).
@@ -144,6 +145,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		}
 		arec := newRecorder(start, len(jf.Jobs))
 		arec.consumer = consumerAsynq
+		arec.rateOf = rateOf
 		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, mp, cfg.Reservations, &cl); err != nil {
 			return report{}, err
 		}
@@ -174,7 +176,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	var enqueue func(context.Context, job) error
 	if as != nil {
 		complete = allClosed(rec.complete, as.rec.complete)
-		progress = func() string { return rec.progressLine() + " | " + as.rec.progressLine() }
+		progress = func() string { return rec.progressLine() + "\n" + as.rec.progressLine() }
 		enqueue = as.enqueue
 	}
 	pctx, pcancel := context.WithCancel(ctx)
