@@ -8,9 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 // svgTexts parses an SVG document with encoding/xml and returns the
@@ -198,5 +201,106 @@ func TestPlotPath(t *testing.T) {
 	cfg.Plot = "run.png"
 	if err := run(t.Context(), cfg, io.Discard); err == nil || !strings.Contains(err.Error(), ".svg or .html") {
 		t.Errorf("run with -plot run.png: %v", err)
+	}
+}
+
+// TestRecorderTimeline: what the recorder gets (admissions, NAKs reserved
+// or not, holds once per message, a fault) comes out in its timeline at
+// the offsets from the start, and in the plot.
+func TestRecorderTimeline(t *testing.T) {
+	start := time.Now()
+	rec := newRecorder(start, 2)
+	rec.published("a", "a1", 1)
+	rec.admitted("a", 1, start.Add(10*time.Millisecond), start.Add(12*time.Millisecond))
+	rec.nak("a", start.Add(20*time.Millisecond), true)
+	rec.rejected("a", "a1", start.Add(30*time.Millisecond), false)
+	rec.hold("a", 1, start.Add(40*time.Millisecond))
+	rec.hold("a", 1, start.Add(50*time.Millisecond)) // a heartbeat of the same message
+	rec.fault("nats-restart", start.Add(60*time.Millisecond))
+	tl := rec.timeline(func(string) throttle.Rate { return mustRate(t, "5/1s") }, limiterSpec{})
+	if len(tl.Tenants) != 1 {
+		t.Fatalf("tenants %+v", tl.Tenants)
+	}
+	a := tl.Tenants[0]
+	if len(a.Admits) != 1 || a.Admits[0].lo != 10*time.Millisecond || a.Admits[0].hi != 12*time.Millisecond {
+		t.Errorf("admits %+v", a.Admits)
+	}
+	if want := []returned{{20 * time.Millisecond, true}, {30 * time.Millisecond, false}}; !slices.Equal(a.Naks, want) {
+		t.Errorf("naks %+v, want %+v", a.Naks, want)
+	}
+	if !slices.Equal(a.Holds, []time.Duration{40 * time.Millisecond}) {
+		t.Errorf("holds %v", a.Holds)
+	}
+	if !slices.Equal(tl.Faults, []faultMark{{Kind: "nats-restart", At: 60 * time.Millisecond}}) {
+		t.Errorf("faults %+v", tl.Faults)
+	}
+	rep := rec.summarize([]job{{ID: "a1", Tenant: "a"}}, func(string) throttle.Rate { return mustRate(t, "5/1s") }, limiterSpec{})
+	if ts := byTenant(rep)["a"]; ts.Naks != 2 || ts.Reserved != 1 || ts.Holds != 1 {
+		t.Errorf("tenant a: %d naks, %d reserved, %d holds; want 2, 1, 1", ts.Naks, ts.Reserved, ts.Holds)
+	}
+	doc, err := plotSVG("recorded", tl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all := strings.Join(svgTexts(t, doc), "\n"); !strings.Contains(all, "nats-restart") {
+		t.Error("the plot does not mark the fault")
+	}
+}
+
+// TestRecordCompat: records of a worker process with and without the
+// newer fields (at, reserved) apply; an old one is timed on arrival.
+func TestRecordCompat(t *testing.T) {
+	start := time.Now()
+	rec := newRecorder(start, 1)
+	ps := &processes{rec: rec, out: io.Discard}
+	p := &process{id: 1}
+	var buf bytes.Buffer
+	rw := newRecordWriter(&buf)
+	rw.nak("a", start.Add(5*time.Millisecond), true)
+	rw.hold("a", 7, start.Add(6*time.Millisecond))
+	lines := append(strings.Split(strings.TrimSpace(buf.String()), "\n"), `{"kind":"nak","tenant":"a"}`)
+	for _, l := range lines {
+		var r record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		ps.apply(p, r)
+	}
+	a := rec.timeline(func(string) throttle.Rate { return mustRate(t, "5/1s") }, limiterSpec{}).Tenants[0]
+	if len(a.Naks) != 2 || a.Naks[0] != (returned{5 * time.Millisecond, true}) || a.Naks[1].reserved || a.Naks[1].at <= 0 {
+		t.Errorf("naks %+v", a.Naks)
+	}
+	if !slices.Equal(a.Holds, []time.Duration{6 * time.Millisecond}) {
+		t.Errorf("holds %v", a.Holds)
+	}
+}
+
+// TestGrafanaDashboard: the dashboard is JSON and queries the metrics by
+// the names Prometheus shows.
+func TestGrafanaDashboard(t *testing.T) {
+	b, err := os.ReadFile("../grafana/queuethrottle.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	all := strings.Join(exprs, "\n")
+	for _, m := range []string{"throttle_decisions_total", "throttle_decision_duration_seconds_bucket", "throttle_store_errors_total", "throttle_outcome", "throttle_source"} {
+		if !strings.Contains(all, m) {
+			t.Errorf("no panel queries %s", m)
+		}
 	}
 }
