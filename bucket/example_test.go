@@ -3,6 +3,9 @@ package bucket_test
 import (
 	"context"
 	"fmt"
+	"log"
+	"net"
+	"os/exec"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,27 +56,38 @@ func ExampleLocal_fractionalWait() {
 }
 
 // A bucket shared by every worker through Redis. The client must enable
-// ContextTimeoutEnabled for WithTimeout to bound each call.
+// ContextTimeoutEnabled for WithTimeout to bound each call. The example
+// starts a redis-server of its own (from PATH); use your Redis's address
+// instead.
 func ExampleNewRedis() {
+	addr, stop := startRedis()
+	defer stop()
 	client := redis.NewClient(&redis.Options{
-		Addr:                  "localhost:6379",
+		Addr:                  addr, // e.g. "localhost:6379"
 		ContextTimeoutEnabled: true,
 	})
 	defer client.Close()
 	l, err := bucket.NewRedis(client, throttle.PerSecond(100), 20,
 		bucket.WithPrefix("myapp:bucket:"),
-		bucket.WithTimeout(25*time.Millisecond))
+		bucket.WithTimeout(250*time.Millisecond))
 	if err != nil {
 		panic(err)
 	}
-	d, err := l.Allow(context.Background(), "tenant-1")
+	d, err := l.AllowN(context.Background(), "tenant-1", 20) // the whole burst
 	if err != nil {
 		fmt.Println("cannot decide:", err) // the Gate's failure policy applies
 		return
 	}
-	if !d.Allowed {
-		fmt.Println("retry in", d.RetryAfter)
+	fmt.Println("allowed:", d.Allowed)
+	d, err = l.AllowN(context.Background(), "tenant-1", 5)
+	if err != nil {
+		fmt.Println("cannot decide:", err)
+		return
 	}
+	fmt.Println("allowed:", d.Allowed, "retry in about", d.RetryAfter.Round(10*time.Millisecond))
+	// Output:
+	// allowed: true
+	// allowed: false retry in about 50ms
 }
 
 // Reservations: with 2 per second and a burst of 2, messages c and d,
@@ -104,4 +118,37 @@ func ExampleLocal_AllowID() {
 	// a: allowed=true reserved=false retry=0s
 	// AllowN: allowed=false retry=1.5s
 	// c at 500ms: allowed=true
+}
+
+// startRedis starts a redis-server from PATH on a free loopback port,
+// without persistence, and returns its address and a function that stops
+// it. It exits the example if there is no redis-server.
+func startRedis() (addr string, stop func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	addr = ln.Addr().String()
+	ln.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		log.Fatalf("this example needs redis-server on PATH: %v", err)
+	}
+	stop = func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return addr, stop
+		}
+		if time.Now().After(deadline) {
+			stop()
+			log.Fatalf("redis-server on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

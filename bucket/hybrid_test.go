@@ -787,11 +787,13 @@ func TestHybridWithoutShareErrorWraps(t *testing.T) {
 }
 
 // The Hybrid needs a client whose calls a context deadline can bound.
-// Against a real Redis this prints "true redis": the first decision for a
-// key leases from Redis; later ones are mostly local.
+// The first decision for a key leases from Redis; later ones are mostly
+// local. The example starts a redis-server of its own (from PATH).
 func ExampleNewHybrid() {
+	addr, stop := startRedis()
+	defer stop()
 	client := redis.NewClient(&redis.Options{
-		Addr:                  "localhost:6379",
+		Addr:                  addr, // e.g. "localhost:6379"
 		ContextTimeoutEnabled: true, // required: the per-call timeout is a context deadline
 	})
 	defer client.Close()
@@ -801,6 +803,7 @@ func ExampleNewHybrid() {
 	// second on its own.
 	h, err := NewHybrid(client, throttle.PerSecond(100), 100,
 		WithLocalShare(3, 0.9),
+		WithTimeout(250*time.Millisecond),
 		WithLogger(slog.Default()),
 	)
 	if err != nil {
@@ -817,6 +820,8 @@ func ExampleNewHybrid() {
 		panic(err) // a bad request, never a store failure
 	}
 	fmt.Println(d.Allowed, d.Source)
+	// Output:
+	// true redis
 }
 
 // TestHybridRequestErrorKeepsBreakerClosed: an error reply about one key

@@ -3,6 +3,7 @@ package asynqthrottle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
 	"time"
 
@@ -16,6 +17,8 @@ import (
 // The Config wiring: IsFailure and RetryDelayFunc keep throttled tasks from
 // using up retries, and the middleware, given a client, re-enqueues tasks
 // rejected on their last attempt instead of letting asynq archive them.
+// Not run: it needs a Redis on localhost:6379 and runs until interrupted;
+// Example_quickStart runs on a redis-server of its own.
 func Example() {
 	redisOpt := asynq.RedisClientOpt{Addr: "localhost:6379"}
 
@@ -66,15 +69,23 @@ func Example() {
 }
 
 // A producer passes its trace context in the task headers, so the
-// consumer's process span is a child of the producer's span.
+// consumer's process span is a child of the producer's span. The example
+// starts a redis-server of its own (from PATH).
 func ExampleInjectTraceContext() {
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: "localhost:6379"})
+	addr, stop := startRedis()
+	defer stop()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: addr}) // e.g. "localhost:6379"
 	defer client.Close()
 
 	ctx := context.Background() // in practice, a context carrying the producer's span
 	headers := asynqthrottle.InjectTraceContext(ctx, map[string]string{"tenant": "acme"})
 	task := asynq.NewTaskWithHeaders("email:send", []byte(`{"to":"a@example.com"}`), headers)
-	if _, err := client.EnqueueContext(ctx, task, asynq.MaxRetry(5)); err != nil {
+	info, err := client.EnqueueContext(ctx, task, asynq.MaxRetry(5))
+	if err != nil {
 		log.Print(err)
+		return
 	}
+	fmt.Println("enqueued", info.Type, "with headers", info.Headers["tenant"])
+	// Output:
+	// enqueued email:send with headers acme
 }

@@ -16,8 +16,10 @@ import (
 	"github.com/queuethrottle/queuethrottle/window"
 )
 
-// The quick start: at most 20 messages per second per subject reach the
-// handler; the others come back later without using up MaxDeliver.
+// At most 20 messages per second per subject reach the handler; the
+// others come back later without using up MaxDeliver. Not run: it needs a
+// NATS server with a stream JOBS at nats.DefaultURL and runs for a minute;
+// Example_quickStart runs the same against an embedded server.
 func ExampleNewHandler() {
 	ctx := context.Background()
 	nc, err := nats.Connect(nats.DefaultURL)
@@ -63,6 +65,8 @@ func ExampleNewHandler() {
 }
 
 // New gives the configuration errors at start-up and a Close for shutdown.
+// Not run: the consumer and the Gate come from elsewhere (see
+// Example_quickStart, which runs).
 func ExampleNew() {
 	var consumer jetstream.Consumer // from js.CreateOrUpdateConsumer
 	var gate *throttle.Gate         // from throttle.NewGate

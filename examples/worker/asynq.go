@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -53,8 +54,8 @@ type asynqSide struct {
 // startAsynq starts the asynq server of a run on the Redis at redisURL
 // (with a client of its own), on queue, gated by a Gate over lim (whose
 // Redis client honours context deadlines). Admissions and handler runs go
-// to rec. cl stops the server, deletes the queue and closes the client.
-func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, rec *recorder, tp trace.TracerProvider, reservations time.Duration, cl *closers) (*asynqSide, error) {
+// to rec; the Gate's metrics to mp. cl stops the server, deletes the queue and closes the client.
+func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations time.Duration, cl *closers) (*asynqSide, error) {
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", err)
@@ -73,7 +74,7 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter,
 		archived: -1,
 	}
 	lim.admitted = rec.admitted
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(reservations))
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +181,7 @@ func (a *asynqSide) handleError(_ context.Context, t *asynq.Task, err error) {
 	var rl *asynqthrottle.RateLimitError
 	switch {
 	case errors.As(err, &rl):
-		a.rec.rejected(j.Tenant, j.ID)
+		a.rec.rejected(j.Tenant, j.ID, time.Now(), rl.Decision.Reserved)
 		if rl.Err != nil { // could not be kept from asynq's archive
 			a.throttleErrs.add(taskType+" "+j.ID, err)
 			a.rec.term(j.Tenant)

@@ -40,15 +40,20 @@ const childEnv = "QUEUETHROTTLE_EXAMPLE_WORKER_PROCESS"
 
 // record is one JSON line from a worker process.
 type record struct {
-	Kind   string              `json:"kind"` // "admit", "handle", "nak", "hold", "term", "error" or "done"
-	Tenant string              `json:"tenant,omitempty"`
-	N      int                 `json:"n,omitempty"`      // admit: cost units
-	Before int64               `json:"before,omitempty"` // admit: clock before the decision, Unix ns
-	After  int64               `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
-	Run    *handled            `json:"run,omitempty"`    // handle
-	Seq    uint64              `json:"seq,omitempty"`    // hold: stream sequence
-	Err    string              `json:"err,omitempty"`    // error: a line for the summary
-	Hybrid *bucket.HybridStats `json:"hybrid,omitempty"` // done: the hybrid's decisions
+	Kind   string   `json:"kind"` // "admit", "handle", "nak", "hold", "term", "metrics", "error" or "done"
+	Tenant string   `json:"tenant,omitempty"`
+	N      int      `json:"n,omitempty"`      // admit: cost units
+	Before int64    `json:"before,omitempty"` // admit: clock before the decision, Unix ns
+	After  int64    `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
+	Run    *handled `json:"run,omitempty"`    // handle
+	Seq    uint64   `json:"seq,omitempty"`    // hold: stream sequence
+	At     int64    `json:"at,omitempty"`     // nak, hold: when it was sent, Unix ns (0: when received)
+	// Reserved, on a nak, reports that its decision reserved the
+	// message's own slot.
+	Reserved bool                `json:"reserved,omitempty"`
+	Addr     string              `json:"addr,omitempty"`   // metrics: where the process serves its metrics
+	Err      string              `json:"err,omitempty"`    // error: a line for the summary
+	Hybrid   *bucket.HybridStats `json:"hybrid,omitempty"` // done: the hybrid's decisions
 }
 
 // recordWriter sends the events of a worker process as records, one JSON
@@ -77,10 +82,12 @@ func (w *recordWriter) admitted(tenant string, n int, before, after time.Time) {
 
 func (w *recordWriter) handle(h handled) { w.send(record{Kind: "handle", Run: &h}) }
 
-func (w *recordWriter) nak(tenant string) { w.send(record{Kind: "nak", Tenant: tenant}) }
+func (w *recordWriter) nak(tenant string, at time.Time, reserved bool) {
+	w.send(record{Kind: "nak", Tenant: tenant, At: at.UnixNano(), Reserved: reserved})
+}
 
-func (w *recordWriter) hold(tenant string, seq uint64) {
-	w.send(record{Kind: "hold", Tenant: tenant, Seq: seq})
+func (w *recordWriter) hold(tenant string, seq uint64, at time.Time) {
+	w.send(record{Kind: "hold", Tenant: tenant, Seq: seq, At: at.UnixNano()})
 }
 
 func (w *recordWriter) term(tenant string) { w.send(record{Kind: "term", Tenant: tenant}) }
@@ -123,8 +130,15 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	}
 	rw := newRecordWriter(out)
 	lim.admitted = rw.admitted
+	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &cl)
+	if err != nil {
+		return err
+	}
+	if metricsAddr != "" {
+		rw.send(record{Kind: "metrics", Addr: metricsAddr})
+	}
 	tp := noop.NewTracerProvider()
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(cfg.Reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return err
 	}
@@ -142,7 +156,8 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return fmt.Errorf("consumer %s of stream %s: %w", durableName, streamName, err)
 	}
-	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID}
+	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs()}
+	lim.rejected = w.reserved.set
 	stopConsumer, err := consume(cons, gate, w, tp)
 	if err != nil {
 		return err
@@ -193,6 +208,7 @@ type process struct {
 // processes are the worker processes of a run and what they report.
 type processes struct {
 	rec    *recorder
+	out    io.Writer // where the main process prints
 	list   []*process
 	exited chan error // a process ended before it was asked to stop
 
@@ -204,9 +220,12 @@ type processes struct {
 }
 
 // startProcesses starts n worker processes (os.Executable() with
-// -worker-only and the settings of cfg) whose records go to rec. The
+// -worker-only and the settings of cfg) whose records go to rec, and
+// what the main process should print of them to out (safe for concurrent
+// use). With -metrics, process id serves its metrics on the port of
+// cfg.Metrics plus id (see processMetricsAddr). The
 // caller must call stop.
-func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder) (*processes, error) {
+func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder, out io.Writer) (*processes, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("-instances: find this program's binary: %w", err)
@@ -215,12 +234,20 @@ func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder)
 	if err != nil {
 		return nil, err
 	}
-	ps := &processes{rec: rec, exited: make(chan error, n)}
+	ps := &processes{rec: rec, out: out, exited: make(chan error, n)}
 	for id := 1; id <= n; id++ {
 		args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", keyPrefix,
 			"-nats", natsURL, "-redis", cfg.RedisURL, "-jobs", jobsPath,
 			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
 			"-reservations", cfg.Reservations.String()}
+		if cfg.Metrics != "" {
+			addr, err := processMetricsAddr(cfg.Metrics, id)
+			if err != nil {
+				ps.stop(0)
+				return nil, err
+			}
+			args = append(args, "-metrics", addr)
+		}
 		cmd := exec.Command(exe, args...)
 		cmd.Env = append(os.Environ(), childEnv+"=1")
 		cmd.Stderr = os.Stderr
@@ -282,11 +309,13 @@ func (ps *processes) apply(p *process, r record) {
 			ps.rec.handle(*r.Run)
 		}
 	case "nak":
-		ps.rec.nak(r.Tenant)
+		ps.rec.nak(r.Tenant, recordTime(r.At), r.Reserved)
 	case "hold":
-		ps.rec.hold(r.Tenant, r.Seq)
+		ps.rec.hold(r.Tenant, r.Seq, recordTime(r.At))
 	case "term":
 		ps.rec.term(r.Tenant)
+	case "metrics":
+		fmt.Fprintf(ps.out, "worker process #%d serves the throttle's metrics for Prometheus at http://%s/metrics\n", p.id, r.Addr)
 	case "error":
 		ps.errs.add(fmt.Sprintf("worker process #%d", p.id), errors.New(r.Err))
 	case "done":
@@ -301,6 +330,15 @@ func (ps *processes) apply(p *process, r record) {
 		}
 		ps.mu.Unlock()
 	}
+}
+
+// recordTime is the instant of a record's At: now for a record without
+// one (from a worker process of an earlier version).
+func recordTime(at int64) time.Time {
+	if at == 0 {
+		return time.Now()
+	}
+	return time.Unix(0, at)
 }
 
 // stop asks every process to stop (closes its stdin), waits up to grace
@@ -350,6 +388,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	if cfg.Trace != "" {
 		return report{}, errors.New("-trace is not supported with -instances: the spans are made in the worker processes")
 	}
+	out = &syncWriter{w: out} // the worker processes' lines and the progress
 	var cl closers
 	defer cl.run()
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
@@ -362,7 +401,8 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 		return report{}, err
 	}
 	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
-	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec)
+	rec.rateOf = rateOf
+	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec, out)
 	if err != nil {
 		return report{}, err
 	}

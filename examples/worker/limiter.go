@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -170,6 +171,9 @@ type tenantLimiter struct {
 	// just before and just after the limiter decided: the instant the
 	// limiter counted the admission lies between the two.
 	admitted func(key string, n int, before, after time.Time)
+	// rejected, if set, is called for every rejection by id, with whether
+	// it reserved the id's slot (Decision.Reserved).
+	rejected func(id string, reserved bool)
 }
 
 // newTenantLimiter builds one limiter per distinct rate among tenants, with
@@ -231,7 +235,40 @@ func (l *tenantLimiter) AllowID(ctx context.Context, key string, n int, id strin
 	if err == nil && d.Allowed && l.admitted != nil {
 		l.admitted(key, n, before, time.Now())
 	}
+	if err == nil && !d.Allowed && l.rejected != nil {
+		l.rejected(id, d.Reserved)
+	}
 	return d, err
+}
+
+// reservedIDs are the ids whose last rejection reserved their slot, until
+// the NAK that follows it takes them. It is safe for concurrent use.
+type reservedIDs struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+func newReservedIDs() *reservedIDs { return &reservedIDs{ids: map[string]bool{}} }
+
+// set records the last rejection of id.
+func (r *reservedIDs) set(id string, reserved bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if reserved {
+		r.ids[id] = true
+	} else {
+		delete(r.ids, id)
+	}
+}
+
+// take reports whether the last rejection of id reserved its slot, and
+// forgets it.
+func (r *reservedIDs) take(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ok := r.ids[id]
+	delete(r.ids, id)
+	return ok
 }
 
 // Rate returns the default rate; the Gate uses its Count as the Limit of

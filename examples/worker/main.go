@@ -47,7 +47,48 @@
 // by the clock read just before and after the limiter decided; "max in any
 // 1s" counts only admissions certainly inside one window.
 //
+// While it runs, the progress lines show the totals and, per tenant, the
+// handler runs per second over the last window of its limit against the
+// limit; the summary ends with a sparkline per tenant (admissions per
+// second, a full block at the limit).
+//
+// -plot FILE.svg draws the run with gonum/plot: one panel per tenant (and
+// consumer) with the cost units admitted per 100 ms and in the window of
+// the limit against the limit line (and a bucket's bound), the NAKs or
+// asynq rejections per 100 ms, those whose decision reserved the
+// message's own slot, the messages held on their last delivery, and the
+// faults injected as vertical lines. -plot FILE.html is a page with the
+// same SVG inline: no scripts, nothing loaded from the network.
+//
+// -metrics ADDR serves the Gates' OpenTelemetry metrics in Prometheus text
+// format at http://ADDR/metrics while the worker runs (the OpenTelemetry
+// Prometheus exporter on a registry of its own; with -redis the NATS and
+// asynq Gates add up in one set of series; with -instances N each worker
+// process serves its own on the port of ADDR plus its number, 1..N).
+// Prometheus shows them as:
+//
+//	throttle_decisions_total{throttle_outcome, throttle_source}
+//	    counter: decisions; outcome admitted, rejected or reserved (a
+//	    rejection that holds the message's own future slot), source
+//	    local, redis or degraded
+//	throttle_decision_duration_seconds_bucket{throttle_outcome, throttle_source, le}
+//	throttle_decision_duration_seconds_sum, _count
+//	    histogram: time to make one decision, in seconds
+//	throttle_store_errors_total{throttle_algorithm}
+//	    counter: store failures and timeouts (the failure policy decided);
+//	    absent until the first one
+//	target_info
+//	    the resource (service.name and the SDK)
+//
+// Every series also has the labels otel_scope_name
+// ("github.com/queuethrottle/queuethrottle/throttle"),
+// otel_scope_version and otel_scope_schema_url. A Grafana dashboard for
+// them is in examples/grafana/queuethrottle.json.
+//
 //	go run ./examples/worker                    # from the repository root
+//	go run ./examples/worker -plot run.svg      # and draw the run
+//	go run ./examples/worker -metrics localhost:9464 &
+//	curl -s localhost:9464/metrics | grep throttle_decisions_total
 //	go run ./examples/worker -rate 5/1s         # a lower default limit
 //	go run ./examples/worker -limiter bucket -burst 5
 //	go run ./examples/worker -redis redis://localhost:6379/0 -nats nats://localhost:4222
@@ -88,6 +129,8 @@ type config struct {
 	// job reserves its own slot up to this far ahead. 0 turns them off.
 	Reservations time.Duration
 	Report       string // write the JSON report to this file
+	Plot         string // draw the run to this .svg or .html file
+	Metrics      string // serve the Gates' metrics for Prometheus on this address
 
 	// The hidden settings of a worker process of -instances.
 	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
@@ -125,6 +168,8 @@ func main() {
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "stop waiting for unhandled jobs after this long")
 	flag.DurationVar(&cfg.Reservations, "reservations", cfg.Reservations, "a rejected job reserves its own slot up to this `horizon` ahead and comes back once, to it (0: no reservations, rejections bounce)")
 	flag.StringVar(&cfg.Report, "report", "", "write the run's report as JSON to `FILE`")
+	flag.StringVar(&cfg.Plot, "plot", "", "draw the run per tenant (admissions per 100 ms against the limit, NAKs, reservations, holds, faults) to `FILE`.svg or FILE.html")
+	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")
@@ -173,10 +218,20 @@ var errCheckFailed = errors.New("check failed")
 // run replays the jobs, prints progress and the summary to out, and
 // returns errCheckFailed if the summary fails a check.
 func run(ctx context.Context, cfg config, out io.Writer) error {
+	if cfg.Plot != "" {
+		if err := checkPlotPath(cfg.Plot); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	rep, err := work(ctx, cfg, out)
 	if cfg.Report != "" && (err == nil || rep.Jobs > 0) {
 		if werr := writeReport(cfg.Report, rep, time.Since(start)); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+	if cfg.Plot != "" && (err == nil || rep.Jobs > 0) {
+		if werr := plotRun(cfg, rep, out); werr != nil {
 			return errors.Join(err, werr)
 		}
 	}

@@ -199,7 +199,7 @@ func TestSummary(t *testing.T) {
 	rec.handle(handled{Tenant: "a", JobID: "a1", Ref: "1"})
 	rec.handle(handled{Tenant: "a", JobID: "a2", Ref: "2"})
 	rec.handle(handled{Tenant: "a", JobID: "a2", Ref: "2"})
-	rec.nak("a")
+	rec.nak("a", start, false)
 	rec.maxDelivered(3)
 	select {
 	case <-rec.complete:

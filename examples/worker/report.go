@@ -28,6 +28,7 @@ type (
 		HandledTwice int     `json:"handled_twice"` // jobs handled more than once
 		Lost         int     `json:"lost"`          // terminated, or dropped at MaxDeliver
 		Naks         int     `json:"naks"`          // NAKs (NATS) or rejections returned to asynq
+		Reserved     int     `json:"reserved"`      // of the NAKs, those whose decision reserved the message's own slot
 		MustWait     int     `json:"must_wait"`     // jobs that cannot start on arrival: the fewest NAKs possible
 		Holds        int     `json:"holds"`         // messages held on their last delivery
 		MaxInWindow  int     `json:"max_in_window"` // most cost units admitted in any window of the limit's period
@@ -68,6 +69,7 @@ func (rep report) jsonConsumer() jsonConsumer {
 			HandledTwice: t.Twice,
 			Lost:         t.Terms + t.MaxDeliver,
 			Naks:         t.Naks,
+			Reserved:     t.Reserved,
 			MustWait:     t.MustWait,
 			Holds:        t.Holds,
 			MaxInWindow:  t.MaxInWindow,

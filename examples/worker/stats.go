@@ -70,6 +70,7 @@ type tenantStats struct {
 	Published  int // jobs the stream stored (PubAck without Duplicate), or tasks enqueued
 	Handled    int // handler runs (a job handled twice counts twice)
 	Naks       int // NAKs the throttle sent, or asynq rejections
+	Reserved   int // of those, the ones whose decision reserved the message's own slot
 	Holds      int // messages the throttle held on their last delivery (sent InProgress)
 	Terms      int // messages terminated (never admissible, e.g. a cost above the limit)
 	MaxDeliver int // messages the server gave up on (MAX_DELIVERIES advisories)
@@ -83,9 +84,11 @@ type events interface {
 	// instant between before and after.
 	admitted(tenant string, n int, before, after time.Time)
 	handle(h handled)
-	nak(tenant string)
-	// hold records an InProgress for stream sequence seq.
-	hold(tenant string, seq uint64)
+	// nak records a NAK sent at at; reserved reports that the decision
+	// behind it reserved the message's own slot (Decision.Reserved).
+	nak(tenant string, at time.Time, reserved bool)
+	// hold records an InProgress for stream sequence seq, sent at at.
+	hold(tenant string, seq uint64, at time.Time)
 	term(tenant string)
 }
 
@@ -103,8 +106,11 @@ type recorder struct {
 	closed  bool // complete is closed
 	tenants map[string]*tenantStats
 	runs    []handled
-	admits  map[string][]event // tenant -> admissions
-	byID    map[string]int     // job id -> handler runs
+	admits  map[string][]event         // tenant -> admissions
+	returns map[string][]returned      // tenant -> NAKs or rejections, in the order recorded
+	holdsAt map[string][]time.Duration // tenant -> first InProgress of each held message, from start
+	faults  []faultMark
+	byID    map[string]int // job id -> handler runs
 	seqs    map[uint64]string
 	held    map[uint64]bool
 	naks    int
@@ -113,13 +119,16 @@ type recorder struct {
 	procs   map[int]int          // worker process -> handler runs, with -instances
 	rejects map[string]int       // job id -> rejections (asynq)
 	arrived map[string]time.Time // job id -> when it was published
+
+	// rateOf, if set, gives each tenant's limit for the progress lines.
+	rateOf func(string) throttle.Rate
 }
 
 func newRecorder(start time.Time, total int) *recorder {
 	return &recorder{
 		start: start, total: total, complete: make(chan struct{}),
 		tenants: map[string]*tenantStats{}, byID: map[string]int{}, seqs: map[uint64]string{}, held: map[uint64]bool{},
-		admits: map[string][]event{}, procs: map[int]int{}, rejects: map[string]int{}, arrived: map[string]time.Time{},
+		admits: map[string][]event{}, returns: map[string][]returned{}, holdsAt: map[string][]time.Duration{}, procs: map[int]int{}, rejects: map[string]int{}, arrived: map[string]time.Time{},
 	}
 }
 
@@ -176,31 +185,50 @@ func (r *recorder) admitted(tenant string, n int, before, after time.Time) {
 	r.admits[tenant] = append(r.admits[tenant], event{lo: before.Sub(r.start), hi: after.Sub(r.start), n: n})
 }
 
-func (r *recorder) nak(tenant string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.tenant(tenant).Naks++
-	r.naks++
+// returned is a NAK or an asynq rejection, at an offset from the start;
+// reserved reports that its decision reserved the message's own slot.
+type returned struct {
+	at       time.Duration
+	reserved bool
 }
 
-// rejected records an asynq rejection of job id of tenant.
-func (r *recorder) rejected(tenant, id string) {
+func (r *recorder) nak(tenant string, at time.Time, reserved bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.tenant(tenant).Naks++
+	ts := r.tenant(tenant)
+	ts.Naks++
+	if reserved {
+		ts.Reserved++
+	}
 	r.naks++
+	r.returns[tenant] = append(r.returns[tenant], returned{at: at.Sub(r.start), reserved: reserved})
+}
+
+// rejected records an asynq rejection of job id of tenant, at at.
+func (r *recorder) rejected(tenant, id string, at time.Time, reserved bool) {
+	r.nak(tenant, at, reserved)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.rejects[id]++
 }
 
 // hold records an InProgress for stream sequence seq; a message counts
-// once however many heartbeats it gets.
-func (r *recorder) hold(tenant string, seq uint64) {
+// once however many heartbeats it gets, at its first.
+func (r *recorder) hold(tenant string, seq uint64, at time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.held[seq] {
 		r.held[seq] = true
 		r.tenant(tenant).Holds++
+		r.holdsAt[tenant] = append(r.holdsAt[tenant], at.Sub(r.start))
 	}
+}
+
+// fault records a fault of kind injected at at, for the plot.
+func (r *recorder) fault(kind string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faults = append(r.faults, faultMark{Kind: kind, At: at.Sub(r.start)})
 }
 
 // term records a terminated message: it is lost to the consumer.
@@ -220,24 +248,6 @@ func (r *recorder) maxDelivered(seq uint64) {
 	r.tenant(r.seqs[seq]).MaxDeliver++
 	r.lost++
 	r.check()
-}
-
-// progressLine returns a line such as
-// "t=3.5s published 200/368 handled 120/368 naks 40"; for asynq,
-// "asynq enqueued 200/368 handled 100/368 rejections 50".
-func (r *recorder) progressLine() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	line := fmt.Sprintf("t=%.1fs", time.Since(r.start).Seconds())
-	if r.consumer == consumerAsynq {
-		line = "asynq"
-	}
-	line += fmt.Sprintf(" %s %d/%d handled %d/%d %s %d",
-		r.consumer.published(), r.pubs, r.total, len(r.byID), r.total, r.consumer.rejections(), r.naks)
-	if r.lost > 0 {
-		line += fmt.Sprintf(" lost %d", r.lost)
-	}
-	return line
 }
 
 // event is an admission of n units at an instant known to lie in
@@ -317,6 +327,8 @@ type report struct {
 	MostRejections int // most rejections of one job
 
 	Asynq *report // the asynq consumer, with -redis
+
+	timeline timeline // the run over time, for the sparklines and -plot
 }
 
 // ExactlyOnce reports whether every job was handled exactly one time.
@@ -413,6 +425,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 	}
 	sort.Slice(rep.Tenants, func(a, b int) bool { return rep.Tenants[a].Tenant < rep.Tenants[b].Tenant })
 	sort.Strings(rep.Missing)
+	rep.timeline = r.timelineLocked(rateOf, spec)
 	return rep
 }
 
@@ -437,9 +450,9 @@ func (rep report) printTable(w io.Writer, heading string) {
 	c := rep.Consumer
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if c == consumerAsynq {
-		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\treserved\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
 	} else {
-		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\tholds\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\treserved\tholds\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
 	}
 	for _, t := range rep.Tenants {
 		verdict := ""
@@ -450,11 +463,17 @@ func (rep report) printTable(w io.Writer, heading string) {
 		if c == consumerAsynq {
 			holds = ""
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s%d\t%s/%s\tmax in any %v: %d (%s)%s\n",
-			t.Tenant, t.Rate, t.Published, t.Handled, t.MustWait, t.Naks, holds, t.Terms+t.MaxDeliver,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s%d\t%s/%s\tmax in any %v: %d (%s)%s\n",
+			t.Tenant, t.Rate, t.Published, t.Handled, t.MustWait, t.Naks, t.Reserved, holds, t.Terms+t.MaxDeliver,
 			roundWait(t.WaitP50), roundWait(t.WaitP99), t.Rate.Per, t.MaxInWindow, t.BoundText, verdict)
 	}
 	tw.Flush()
+	if lines := rep.timeline.sparklines(); len(lines) > 0 {
+		fmt.Fprintln(w, "admissions per second over the run (one character a second; a full block is the limit):")
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+	}
 	if h := rep.Hybrid; h != nil {
 		line := fmt.Sprintf("hybrid decisions: %d local, %d Redis, %d degraded", h.Local, h.Redis, h.Degraded)
 		if h.Errors > 0 {

@@ -105,6 +105,10 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
+	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &cl)
+	if err != nil {
+		return report{}, err
+	}
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
 	if err != nil {
 		return report{}, err
@@ -115,7 +119,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithReservations(cfg.Reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return report{}, err
 	}
@@ -129,6 +133,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// on its own goroutine), which can bunch handler starts beyond the
 	// limit while the admissions respect it.
 	lim.admitted = rec.admitted
+	rec.rateOf = rateOf
 
 	// With -redis, an asynq server on the same Redis gets the same jobs,
 	// gated by a limiter of its own (keys under a prefix of their own).
@@ -140,14 +145,16 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		}
 		arec := newRecorder(start, len(jf.Jobs))
 		arec.consumer = consumerAsynq
-		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, cfg.Reservations, &cl); err != nil {
+		arec.rateOf = rateOf
+		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, mp, cfg.Reservations, &cl); err != nil {
 			return report{}, err
 		}
 	}
 
 	// The worker: the job handler gated by the throttle.
 	tracer := tp.Tracer(scopeName)
-	w := &worker{rec: rec, tracer: tracer}
+	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs()}
+	lim.rejected = w.reserved.set
 	stopConsumer, err := consume(cons, gate, w, tp)
 	if err != nil {
 		return report{}, err
@@ -156,6 +163,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, limitsText(jf, defRate))
+	if metricsAddr != "" {
+		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
+	}
 	if as != nil {
 		fmt.Fprintf(out, "and into asynq queue %s on the same Redis, gated by a limiter of its own (same limits), tasks with MaxRetry %d\n", as.queue, asynqMaxRetry)
 	}
@@ -166,7 +176,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	var enqueue func(context.Context, job) error
 	if as != nil {
 		complete = allClosed(rec.complete, as.rec.complete)
-		progress = func() string { return rec.progressLine() + " | " + as.rec.progressLine() }
+		progress = func() string { return rec.progressLine() + "\n" + as.rec.progressLine() }
 		enqueue = as.enqueue
 	}
 	pctx, pcancel := context.WithCancel(ctx)
@@ -302,7 +312,7 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, w *worker, tp trace.T
 	}
 	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
 		tenant, _ := tenantOf(m.Subject())
-		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant})
+		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
@@ -526,9 +536,10 @@ func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cl *closers)
 // Consume goroutine or, for a message held on its last delivery, on the
 // throttle's goroutine for it.
 type worker struct {
-	rec    events
-	tracer trace.Tracer
-	proc   int // worker process, with -instances
+	rec      events
+	tracer   trace.Tracer
+	proc     int          // worker process, with -instances
+	reserved *reservedIDs // the rejections of the Gate's limiter that reserved a slot
 
 	handlerErrs, throttleErrs errorLog
 }
@@ -614,17 +625,20 @@ func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, p
 }
 
 // observedMsg counts, per tenant, the NAKs and Terms the throttle sends and
-// the messages it holds (sends InProgress for).
+// the messages it holds (sends InProgress for), with their instants; a
+// NAK is marked reserved when the rejection before it reserved the
+// message's slot (reserved, filled by the tenantLimiter).
 type observedMsg struct {
 	jetstream.Msg
-	rec    events
-	tenant string
+	rec      events
+	tenant   string
+	reserved *reservedIDs
 }
 
 func (m observedMsg) Nak() error {
 	err := m.Msg.Nak()
 	if err == nil {
-		m.rec.nak(m.tenant)
+		m.rec.nak(m.tenant, time.Now(), m.wasReserved())
 	}
 	return err
 }
@@ -632,15 +646,26 @@ func (m observedMsg) Nak() error {
 func (m observedMsg) NakWithDelay(d time.Duration) error {
 	err := m.Msg.NakWithDelay(d)
 	if err == nil {
-		m.rec.nak(m.tenant)
+		m.rec.nak(m.tenant, time.Now(), m.wasReserved())
 	}
 	return err
+}
+
+// wasReserved reports whether the last decision on this message reserved
+// its slot. natsthrottle decides a message by its stream and stream
+// sequence, "STREAM:SEQ".
+func (m observedMsg) wasReserved() bool {
+	md, err := m.Metadata()
+	if err != nil || m.reserved == nil {
+		return false
+	}
+	return m.reserved.take(md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10))
 }
 
 func (m observedMsg) InProgress() error {
 	err := m.Msg.InProgress()
 	if md, merr := m.Metadata(); err == nil && merr == nil {
-		m.rec.hold(m.tenant, md.Sequence.Stream)
+		m.rec.hold(m.tenant, md.Sequence.Stream, time.Now())
 	}
 	return err
 }

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"testing"
+	"time"
+)
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestRunMetrics starts a short run with -metrics on a free port and GETs
+// the metrics while it runs: the decisions counter is there with its
+// outcome and source labels, admitted and reserved, and the latency
+// histogram.
+func TestRunMetrics(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.JobsPath = writeJobs(t, 30, "10/1s", 20) // the burst takes 2 s
+	cfg.Rate = "20/1s"
+	cfg.Timeout = 20 * time.Second
+	cfg.Metrics = freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	var out syncWriter
+	out.w = &bytes.Buffer{}
+	go func() {
+		_, err := work(ctx, cfg, &out)
+		done <- err
+	}()
+
+	want := []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="admitted"[^}]*throttle_source="local"[^}]*\} [1-9]`),
+		regexp.MustCompile(`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="reserved"[^}]*throttle_source="local"[^}]*\} [1-9]`),
+		regexp.MustCompile(`(?m)^throttle_decision_duration_seconds_bucket\{`),
+	}
+	var body []byte
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		body = get(t, "http://"+cfg.Metrics+"/metrics")
+		ok := body != nil
+		for _, re := range want {
+			ok = ok && re.Match(body)
+		}
+		if ok {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the run ended (%v) before the metrics showed:\n%s", err, body)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for _, re := range want {
+		if !re.Match(body) {
+			t.Errorf("no line matching %s in:\n%s", re, body)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if get(t, "http://"+cfg.Metrics+"/metrics") != nil {
+		t.Error("the metrics are still served after the run")
+	}
+}
+
+// get returns the body of a 200 response to url, or nil.
+func get(t *testing.T, url string) []byte {
+	t.Helper()
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	return b
+}
+
+func TestProcessMetricsAddr(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"localhost:9464", "localhost:9466"},
+		{"127.0.0.1:0", "127.0.0.1:0"},
+		{":9000", ":9002"},
+	} {
+		got, err := processMetricsAddr(tt.in, 2)
+		if err != nil || got != tt.want {
+			t.Errorf("processMetricsAddr(%q, 2) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	if _, err := processMetricsAddr("nocolon", 1); err == nil {
+		t.Error("no error for an address without a port")
+	}
+}
