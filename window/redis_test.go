@@ -473,3 +473,43 @@ func shortTimeoutsClient(t *testing.T) *redis.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// TestRedisReservationTTL: a key with reservations lives until its
+// furthest reservation has left its window, plus the grace a late claim
+// may still use (10 s for AllowID), and no longer: an admission made
+// after a reservation does not shorten it, and once everything has passed
+// the key is gone.
+func TestRedisReservationTTL(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	r := throttle.Rate{Count: 1, Per: time.Second}
+	l := newTestRedis(t, client, r)
+	for _, id := range []string{"a", "b", "c"} { // a admitted; b at 1 s; c at 2 s
+		if _, err := l.AllowID(ctx, "ttl", 1, id, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Furthest unit at 2 s: 2 s + 1 s window + 10 s grace.
+	want := 13 * time.Second
+	ttl := client.PTTL(ctx, l.key("ttl")).Val()
+	if ttl <= want-time.Second || ttl > want+time.Millisecond {
+		t.Fatalf("PTTL = %v, want about %v", ttl, want)
+	}
+	if _, err := l.AllowN(ctx, "ttl", 1); err != nil { // rejected: writes nothing
+		t.Fatal(err)
+	}
+	if after := client.PTTL(ctx, l.key("ttl")).Val(); after > ttl || after < ttl-time.Second {
+		t.Fatalf("PTTL %v after a rejection, %v before", after, ttl)
+	}
+	// A short window with a short horizon is gone after its reservations
+	// and their grace (the horizon, 30 ms).
+	s := newTestRedis(t, client, throttle.Rate{Count: 1, Per: 20 * time.Millisecond})
+	for _, id := range []string{"a", "b"} {
+		if _, err := s.AllowID(ctx, "gone", 1, id, 30*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ttl := client.PTTL(ctx, s.key("gone")).Val(); ttl > 10*time.Second+50*time.Millisecond {
+		t.Fatalf("PTTL = %v, want at most 10.05 s (the reservation's 20 ms + window + the longest grace)", ttl)
+	}
+}
