@@ -2,12 +2,15 @@ package asynqthrottle
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 // Option configures Middleware and NewHandler. Options that get a nil value
@@ -26,6 +29,10 @@ type config struct {
 	maxWait        time.Duration // < 0: checkInterval + 1 s
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
+	inFlight       throttle.InFlightLimiter // nil: no in-flight limit
+	lease          time.Duration
+	onError        func(context.Context, *asynq.Task, error)
+	err            error // first invalid option
 }
 
 func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) { return t.Type(), nil }
@@ -140,6 +147,54 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 	return optionFunc(func(c *config) {
 		if p != nil {
 			c.propagators = p
+		}
+	})
+}
+
+// WithInFlight limits how many tasks of a key run at once, across every
+// server sharing l's store (a concurrency.Redis): after the Gate admits a
+// task, it acquires a slot of the same key in l with the task's identity
+// (its task ID, or the IDHeader of a re-enqueued copy) for lease. The slot
+// is renewed every third of lease while the wrapped handler runs and
+// released when it returns (or panics). A task refused a slot goes back
+// like a rate rejection: a *RateLimitError with the rejection's RetryAfter
+// (the time until the earliest lease of the key ends), retried without
+// counting a failure and never archived for it (the last-attempt path of
+// the package documentation applies). When l errs, the Gate's failure
+// policy applies (FailOpen runs the handler without a slot, FailClosed
+// returns a *RateLimitError with the Gate's degraded retry-after) and the
+// error goes to the error handler (WithErrorHandler) and the span.
+//
+// lease bounds how long the slot of a server that died stays taken, and
+// is the longest a refused task is kept away: e.g. 1 s (asynq retries in
+// whole seconds anyway). lease must be > 0; otherwise every task fails
+// with an error wrapping throttle.ErrInvalidOption, as for a nil Gate. A
+// nil l keeps the default: no in-flight limit.
+func WithInFlight(l throttle.InFlightLimiter, lease time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if l == nil {
+			return
+		}
+		if lease <= 0 {
+			if c.err == nil {
+				c.err = &throttle.OptionError{Field: "WithInFlight.lease", Reason: fmt.Sprintf("must be > 0, got %v", lease)}
+			}
+			return
+		}
+		c.inFlight, c.lease = l, lease
+	})
+}
+
+// WithErrorHandler sets a function called with the errors of the
+// in-flight limiter (WithInFlight): a failed Acquire, Renew or Release,
+// which asynq never sees when the task then runs (FailOpen) or succeeds.
+// Other errors are returned to asynq, whose Config.ErrorHandler sees
+// them. f may be called from several goroutines at once. The default does
+// nothing. Nil keeps the default.
+func WithErrorHandler(f func(ctx context.Context, t *asynq.Task, err error)) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.onError = f
 		}
 	})
 }
