@@ -108,4 +108,15 @@
 // ended; each call scans the ids of its key (O(limit)).
 //
 // Both limiters are safe for concurrent use.
+//
+// # Consumers
+//
+// Both limiters satisfy throttle.InFlightLimiter, which the consumers take
+// beside their Gate: natsthrottle.WithInFlight and
+// asynqthrottle.WithInFlight acquire a slot for each admitted message with
+// the message's id (JetStream: stream name + ":" + stream sequence;
+// asynq: the task ID), renew it every third of the lease while the
+// handler runs, and release it when the handler is done with the message;
+// a message refused a slot goes back to its broker like a rate rejection,
+// after the rejection's RetryAfter. See the packages' documentation.
 package concurrency

@@ -136,6 +136,17 @@ func outcomeOf(d Decision) int {
 // Policy returns the Gate's failure policy.
 func (g *Gate) Policy() FailurePolicy { return g.policy }
 
+// DegradedRetryAfter returns the RetryAfter of the Gate's FailClosed
+// rejections (WithDegradedRetryAfter, default 1 s): the consumers use it
+// for a message whose in-flight limiter could not decide under FailClosed.
+// It is 1 s for the zero Gate.
+func (g *Gate) DegradedRetryAfter() time.Duration {
+	if g == nil || g.degradedRetry <= 0 {
+		return time.Second
+	}
+	return g.degradedRetry
+}
+
 // Reservations returns the horizon of WithReservations when the limiter
 // implements IDLimiter, else 0: how far ahead AdmitID reserves slots.
 func (g *Gate) Reservations() time.Duration {

@@ -34,6 +34,22 @@ const (
 	// CopyIDAttr (string) is the task ID of the copy enqueued for a task
 	// rejected on its last attempt (see CopyTaskID).
 	CopyIDAttr = attribute.Key("throttle.copy_id")
+	// InFlightAttr (string) says what became of the in-flight slot of an
+	// admitted task (WithInFlight): one of the InFlight constants. It is
+	// not set without an in-flight limiter.
+	InFlightAttr = attribute.Key("throttle.in_flight")
+)
+
+// Values of InFlightAttr.
+const (
+	// InFlightAcquired: the task got its slot and the handler ran.
+	InFlightAcquired = "acquired"
+	// InFlightRejected: every slot of the key was held; the task was
+	// returned as a *RateLimitError like a rate rejection.
+	InFlightRejected = "rejected"
+	// InFlightError: the in-flight limiter failed; the Gate's failure
+	// policy decided.
+	InFlightError = "error"
 )
 
 // Values of DispositionAttr.

@@ -34,7 +34,8 @@
 // re-enqueued copy keeps its original's, in the IDHeader header; Gate.Admit
 // outside an asynq.Server). Then:
 //
-//   - Admitted: the wrapped handler runs and its result goes to asynq
+//   - Admitted: the wrapped handler runs (with WithInFlight, once it has
+//     an in-flight slot: see In-flight limits) and its result goes to asynq
 //     unchanged. Genuine errors and panics keep asynq's semantics: the
 //     retry count grows, RetryDelayFunc asks the fallback, and the task is
 //     archived after MaxRetry.
@@ -147,6 +148,43 @@
 // handlers need. With asynq's defaults (5 s, and Concurrency the number of
 // CPUs) throttled tasks come back up to 6 s early and hold every worker
 // while they wait.
+//
+// # In-flight limits
+//
+// WithInFlight(l, lease) adds a limit on how many tasks of a key run at
+// once, across every server that shares l's store (concurrency.NewRedis;
+// concurrency.NewMemory for one process): the shape of a downstream that
+// allows N requests at a time, whatever they take. l is any
+// throttle.InFlightLimiter; this package does not import package
+// concurrency. For each task the Gate admits, the middleware then
+// acquires a slot of the same key in l, for lease, with the task's
+// identity (its task ID, or the IDHeader of a re-enqueued copy; a random
+// one outside an asynq.Server):
+//
+//   - Acquired: the wrapped handler runs with the slot (throttle.in_flight
+//     "acquired" on the span), renewed every third of lease on a goroutine
+//     of its own while the handler runs, and released when it returns or
+//     panics. A server that dies leaves its slots to their leases: they
+//     come back at most lease later.
+//   - Refused (every slot held; "rejected"): the task goes back like a
+//     rate rejection, a *RateLimitError whose RetryIn is the time until the
+//     earliest lease of the key ends ("in-flight limit reached"): retried
+//     without counting a failure, never archived for it; on its last
+//     attempt it is re-enqueued (WithClient; the copy carries the task's
+//     identity in IDHeader) or waits in the handler, as above. The Gate
+//     has already admitted, and charged, the task; when it comes back
+//     Gate.AdmitID admits the same identity again without a second charge
+//     while its admission is still counted, so a refusal costs no rate.
+//   - The limiter fails ("error"): the error goes to WithErrorHandler and
+//     the span, and the Gate's failure policy decides: FailOpen runs the
+//     handler without a slot, FailClosed returns a *RateLimitError with the
+//     Gate's degraded retry-after. A failed Renew or Release is reported
+//     too; a Release that fails leaves the slot to its lease.
+//
+// Every call to l is bounded by lease. asynq brings a retried task back in
+// whole seconds plus its DelayedTaskCheckInterval, so a refused task waits
+// at least that; the lease bounds the rest: pick a short one (e.g. 1 s),
+// the renewals keep the slots of long tasks.
 //
 // # ErrorHandler
 //

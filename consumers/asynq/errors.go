@@ -16,6 +16,13 @@ import (
 // errors.Is, and errors.As finds it as *RateLimitError and also as
 // *throttle.LimitedError.
 //
+// It is also the error of a task the Gate admitted and the in-flight
+// limiter (WithInFlight) refused a slot: Decision is then the in-flight
+// limiter's rejection, whose RetryAfter is the time until the earliest
+// lease of the key ends (or the Gate's degraded retry-after when the
+// limiter failed under FailClosed), and Error says "in-flight limit
+// reached".
+//
 // IsFailure reports false for it, so asynq does not count it as a failure
 // nor increment the task's retry count, and RetryDelayFunc turns it into a
 // delay that never brings the task back before RetryIn has passed.
@@ -39,6 +46,9 @@ type RateLimitError struct {
 	// little before its reserved slot, which it then waits for in the
 	// handler (see WithServerConfig).
 	returnAt time.Time
+	// slot is true when the Gate admitted the task and the in-flight
+	// limiter (WithInFlight) refused it a slot.
+	slot bool
 }
 
 func newRateLimitError(key string, d throttle.Decision, at time.Time) *RateLimitError {
@@ -50,7 +60,11 @@ func newRateLimitError(key string, d throttle.Decision, at time.Time) *RateLimit
 }
 
 func (e *RateLimitError) Error() string {
-	s := fmt.Sprintf("asynqthrottle: rate limited: key %q, retry in %v", e.Key, e.RetryIn)
+	what := "rate limited"
+	if e.slot {
+		what = "in-flight limit reached"
+	}
+	s := fmt.Sprintf("asynqthrottle: %s: key %q, retry in %v", what, e.Key, e.RetryIn)
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}

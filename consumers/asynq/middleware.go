@@ -60,6 +60,8 @@ func NewHandler(h asynq.Handler, g *throttle.Gate, opts ...Option) asynq.Handler
 			trace.WithSchemaURL(semconv.SchemaURL)),
 	}
 	switch {
+	case cfg.err != nil:
+		hd.misconfig = cfg.err
 	case h == nil:
 		hd.misconfig = &throttle.OptionError{Field: "handler", Reason: "must not be nil"}
 	case g == nil:
@@ -133,6 +135,7 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 			h.storeFailure(ctx, t, key, d)
 		}
 		at := time.Now()
+		refused := false // admitted, and refused an in-flight slot
 		switch {
 		case err != nil && throttle.IsUsageError(err):
 			return archive(span, err)
@@ -143,16 +146,19 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 			fail(span, err)
 			return err
 		case d.Allowed:
-			span.SetAttributes(DispositionAttr.String(DispositionHandled))
-			err := h.next.ProcessTask(ctx, t)
-			if err != nil && !errors.Is(err, throttle.ErrLimited) {
-				fail(span, err)
+			s, sd, ok := h.acquire(ctx, span, t, key, id)
+			if ok {
+				return h.run(ctx, span, t, s)
 			}
-			return err
+			// Admitted, but every slot of the key is held: back like a
+			// rejection, and admitted again without a second charge
+			// (same id) when it returns.
+			d, at, refused = sd, time.Now(), true
 		case d.RetryAfter == throttle.Never:
 			return archive(span, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
 		}
 		rl := newRateLimitError(key, d, at)
+		rl.slot = refused
 		until := at.Add(d.RetryAfter)
 		// A near reserved slot is waited for here: a retry could not come
 		// back in time for it (whole seconds, the check interval).
@@ -259,8 +265,9 @@ func (h *handler) requeue(ctx context.Context, span trace.Span, t *asynq.Task, t
 	}
 	opts = append(opts, deadlineOptions(ctx, ti.start)...)
 	headers := t.Headers()
-	if id != "" && rl.Decision.Reserved {
-		// The copy claims its original's reservation.
+	if id != "" && (rl.Decision.Reserved || rl.slot) {
+		// The copy claims its original's reservation, or its admission
+		// when only an in-flight slot was refused.
 		headers = maps.Clone(headers)
 		if headers == nil {
 			headers = map[string]string{}

@@ -2,12 +2,15 @@ package asynqthrottle
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 // Option configures Middleware and NewHandler. Options that get a nil value
@@ -26,7 +29,10 @@ type config struct {
 	maxWait        time.Duration // < 0: checkInterval + 1 s
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
+	inFlight       throttle.InFlightLimiter // nil: no in-flight limit
+	lease          time.Duration
 	onError        func(context.Context, *asynq.Task, error)
+	err            error // first invalid option
 }
 
 func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) { return t.Type(), nil }
@@ -145,15 +151,51 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 	})
 }
 
-// WithErrorHandler sets a function called with the store failures the
-// handler meets: a decision the Gate's failure policy made because the
-// limiter failed (a Redis outage or timeout, a script Redis refuses) is a
-// *throttle.StoreError, matching throttle.ErrStore, passed with the task
-// whose decision it was; at most 3 at once and then 2 per second per
-// handler, each with the number of failures left unreported since the
-// previous one (during an outage every decision fails). The task itself
-// goes on as the policy decided. Every other error (a key or cost function
-// error, a bad configuration, a done context) is returned to asynq, whose
+// WithInFlight limits how many tasks of a key run at once, across every
+// server sharing l's store (a concurrency.Redis): after the Gate admits a
+// task, it acquires a slot of the same key in l with the task's identity
+// (its task ID, or the IDHeader of a re-enqueued copy) for lease. The slot
+// is renewed every third of lease while the wrapped handler runs and
+// released when it returns (or panics). A task refused a slot goes back
+// like a rate rejection: a *RateLimitError with the rejection's RetryAfter
+// (the time until the earliest lease of the key ends), retried without
+// counting a failure and never archived for it (the last-attempt path of
+// the package documentation applies). When l errs, the Gate's failure
+// policy applies (FailOpen runs the handler without a slot, FailClosed
+// returns a *RateLimitError with the Gate's degraded retry-after) and the
+// error goes to the error handler (WithErrorHandler) and the span.
+//
+// lease bounds how long the slot of a server that died stays taken, and
+// is the longest a refused task is kept away: e.g. 1 s (asynq retries in
+// whole seconds anyway). lease must be > 0; otherwise every task fails
+// with an error wrapping throttle.ErrInvalidOption, as for a nil Gate. A
+// nil l keeps the default: no in-flight limit.
+func WithInFlight(l throttle.InFlightLimiter, lease time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if l == nil {
+			return
+		}
+		if lease <= 0 {
+			if c.err == nil {
+				c.err = &throttle.OptionError{Field: "WithInFlight.lease", Reason: fmt.Sprintf("must be > 0, got %v", lease)}
+			}
+			return
+		}
+		c.inFlight, c.lease = l, lease
+	})
+}
+
+// WithErrorHandler sets a function called with the errors the handler
+// meets that asynq never sees: store failures, a decision the Gate's
+// failure policy made because the limiter failed (a Redis outage or
+// timeout, a script Redis refuses: a *throttle.StoreError, matching
+// throttle.ErrStore, passed with the task whose decision it was; at most 3
+// at once and then 2 per second per handler, each with the number of
+// failures left unreported since the previous one), and the errors of the
+// in-flight limiter (WithInFlight): a failed Acquire, Renew or Release,
+// when the task then runs (FailOpen) or succeeds. The task itself goes on
+// as the policy decided. Every other error (a key or cost function error,
+// a bad configuration, a done context) is returned to asynq, whose
 // Config.ErrorHandler sees it. f may be called from many workers at once.
 // The default does nothing. Nil keeps the default.
 func WithErrorHandler(f func(ctx context.Context, t *asynq.Task, err error)) Option {

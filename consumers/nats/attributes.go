@@ -26,6 +26,22 @@ const (
 	// reserved slot at most WithMaxWait ahead (see the package
 	// documentation).
 	WaitedAttr = attribute.Key("throttle.waited")
+	// InFlightAttr (string) says what became of the in-flight slot of an
+	// admitted message (WithInFlight): one of the InFlight constants. It
+	// is not set without an in-flight limiter.
+	InFlightAttr = attribute.Key("throttle.in_flight")
+)
+
+// Values of InFlightAttr.
+const (
+	// InFlightAcquired: the message got its slot and the handler ran.
+	InFlightAcquired = "acquired"
+	// InFlightRejected: every slot of the key was held; the message was
+	// NAKed (or held) like a rate rejection.
+	InFlightRejected = "rejected"
+	// InFlightError: the in-flight limiter failed; the Gate's failure
+	// policy decided.
+	InFlightError = "error"
 )
 
 // Values of DispositionAttr.

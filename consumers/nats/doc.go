@@ -38,8 +38,9 @@
 // metadata), under a context deadline: the decision timeout (see below).
 // Then:
 //
-//   - Admitted: the wrapped handler runs and owns the acknowledgement. A
-//     redelivery of a message already admitted (AckWait passed, another
+//   - Admitted: the wrapped handler runs and owns the acknowledgement
+//     (with WithInFlight, once it has an in-flight slot: see In-flight
+//     limits). A redelivery of a message already admitted (AckWait passed, another
 //     worker) is admitted again without a second charge while the limiter
 //     still counts it.
 //   - Rejected with a reserved slot (Decision.Reserved, with a Gate built
@@ -159,6 +160,52 @@
 // left unacknowledged and reported with ErrClosed. Being on their last
 // delivery, the server will not deliver them to this consumer again after
 // AckWait (they stay in the stream). Give Close enough time.
+//
+// # In-flight limits
+//
+// WithInFlight(l, lease) adds a limit on how many messages of a key the
+// wrapped handler has at once, across every process that shares l's store
+// (concurrency.NewRedis; concurrency.NewMemory for one process): the shape
+// of a downstream that allows N requests at a time, whatever they take.
+// l is any throttle.InFlightLimiter; this package does not import package
+// concurrency. For each message the Gate admits, the handler then
+// acquires a slot of the same key in l, for lease, with the message's id
+// (stream name + ":" + stream sequence, the id of Gate.AdmitID; a random
+// one for a message without metadata), bounded by the decision timeout:
+//
+//   - Acquired: the wrapped handler runs with the slot (throttle.in_flight
+//     "acquired" on the span). The slot is renewed every third of lease on
+//     a goroutine of its own while the handler runs, and with every
+//     InProgress the handler sends; it is released at the first of: the
+//     handler returning (or panicking), or an Ack, DoubleAck, Nak,
+//     NakWithDelay, Term or TermWithReason of the message succeeding. So a
+//     slot is never held after the handler is done with its message,
+//     except by a process that died, whose slots come back when their
+//     leases end (at most lease later). A handler that hands its message
+//     to another goroutine and returns has released the slot: the limit
+//     counts the handler's run.
+//   - Refused (every slot held; "rejected"): the message goes back like a
+//     rate rejection: NAKed with the refusal's RetryAfter, the time until
+//     the earliest lease of the key ends, plus jitter (WithJitter), or, on
+//     its last delivery, held with InProgress and asked again (Gate, then
+//     slot) each time that has passed, so refusals never use up
+//     MaxDeliver. The Gate has already admitted, and charged, the message;
+//     on its redelivery Gate.AdmitID admits the same id again without a
+//     second charge while its admission is still counted (a window admits
+//     an id it holds; see the limiter's ids), so a refusal costs no rate.
+//   - The limiter fails ("error"): the error goes to the error handler, and
+//     the Gate's failure policy decides: FailOpen runs the handler without
+//     a slot, FailClosed NAKs (or holds) the message with the Gate's
+//     degraded retry-after (throttle.WithDegradedRetryAfter). A failed
+//     Renew or Release is reported too; a Release that fails leaves the
+//     slot to its lease.
+//
+// The RetryAfter of a refusal is an upper bound (a slot may be released
+// sooner), and the refused messages of a key come back about once a lease:
+// pick a short lease, a few renewal round trips long (renewals keep long
+// jobs' slots), e.g. 500 ms to 1 s, well below AckWait. Each in-flight
+// call is a store round trip: an acquisition, a renewal every lease/3 and
+// a release per message.
 //
 // # Configuration errors
 //

@@ -17,6 +17,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/queuethrottle/queuethrottle/internal/inflight"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -248,7 +249,7 @@ func requestID(msg jetstream.Msg) string {
 // goroutine took the message.
 func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 	d, err := h.admit(ctx, r)
-	retry, done := h.decided(ctx, span, r.msg, d, err)
+	retry, done := h.decided(ctx, span, r, d, err, nil)
 	if done {
 		span.End()
 		return
@@ -329,8 +330,11 @@ func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.
 
 // decided handles an admission, a usage error or a never-admissible
 // rejection, and reports done. Otherwise it returns the retry-after of the
-// rejection.
-func (h *Handler) decided(ctx context.Context, span trace.Span, msg jetstream.Msg, d throttle.Decision, err error) (time.Duration, bool) {
+// rejection, or of the in-flight slot refused to an admitted message.
+// admitted, when not nil, runs once the message has its slot, just before
+// the wrapped handler.
+func (h *Handler) decided(ctx context.Context, span trace.Span, r *request, d throttle.Decision, err error, admitted func()) (time.Duration, bool) {
+	msg := r.msg
 	switch {
 	case err != nil && throttle.IsUsageError(err):
 		h.terminate(ctx, span, msg, err)
@@ -349,8 +353,15 @@ func (h *Handler) decided(ctx context.Context, span trace.Span, msg jetstream.Ms
 		}
 		return d.RetryAfter, false
 	case d.Allowed:
+		s, retry, ok := h.acquire(ctx, span, r)
+		if !ok {
+			return retry, false
+		}
+		if admitted != nil {
+			admitted()
+		}
 		span.SetAttributes(DispositionAttr.String(DispositionHandled))
-		h.next(&tracedMsg{Msg: msg, ctx: ctx})
+		h.run(ctx, msg, s)
 		return 0, true
 	case d.RetryAfter == throttle.Never:
 		h.terminate(ctx, span, msg, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
@@ -454,18 +465,19 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, r *request, d throt
 			return
 		default:
 		}
-		if time.Since(lastBeat)+h.decision > h.heartbeat {
-			// The decision may take up to the decision timeout: no
-			// heartbeat may come later than usual because of it.
+		if time.Since(lastBeat)+h.decisions() > h.heartbeat {
+			// The decision may take up to the decision timeout (twice
+			// with an in-flight limiter): no heartbeat may come later
+			// than usual because of it.
 			beat()
 		}
 		d, err := h.admit(ctx, r)
-		if err == nil && d.Allowed {
-			// Give the wrapped handler a full AckWait.
+		retry, done := h.decided(ctx, span, r, d, err, func() {
+			// Admitted, with its slot: give the wrapped handler a full
+			// AckWait.
 			beat()
 			release()
-		}
-		retry, done := h.decided(ctx, span, msg, d, err)
+		})
 		if done {
 			return
 		}
@@ -606,10 +618,12 @@ func (h *Handler) startSpan(msg jetstream.Msg) (context.Context, trace.Span) {
 }
 
 // tracedMsg is the message passed to the wrapped handler: the original,
-// carrying the context of its process span.
+// carrying the context of its process span and the message's in-flight
+// slot (nil without one), released by an acknowledgement (see inflight.go).
 type tracedMsg struct {
 	jetstream.Msg
-	ctx context.Context
+	ctx  context.Context
+	slot *inflight.Slot
 }
 
 // ContextFromMsg returns the context of the process span of a message the

@@ -60,6 +60,8 @@ type config struct {
 	jitterMax      time.Duration
 	maxWait        time.Duration // < 0: not set, the default applies
 	concurrency    int
+	inFlight       throttle.InFlightLimiter // nil: no in-flight limit
+	lease          time.Duration            // of every in-flight slot
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
 	onError        func(jetstream.Msg, error)
@@ -326,6 +328,39 @@ func WithConcurrency(n int) Option {
 	})
 }
 
+// WithInFlight limits how many messages of a key the wrapped handler has
+// at once, across every process sharing l's store (a concurrency.Redis):
+// after the Gate admits a message, it acquires a slot of the same key in l
+// with the message's id (stream name + ":" + stream sequence, the id of
+// Gate.AdmitID) for lease. The slot is renewed every third of lease while
+// the wrapped handler runs and with every InProgress the handler sends,
+// and released at the first of: the handler returning, or its Ack,
+// DoubleAck, Nak, NakWithDelay, Term or TermWithReason succeeding. A
+// message refused a slot goes back like a rate rejection: NAKed with the
+// rejection's RetryAfter (the time until the earliest lease of the key
+// ends) plus jitter, or held on its last delivery. When l errs, the Gate's
+// failure policy applies (FailOpen runs the handler without a slot,
+// FailClosed NAKs with the Gate's degraded retry-after) and the error goes
+// to the error handler. See the package documentation.
+//
+// lease bounds how long the slot of a process that died stays taken, and
+// is the longest a refused message waits: a few times the renewal round
+// trip, well below AckWait, e.g. 1 s. lease must be > 0; otherwise the
+// error wraps throttle.ErrInvalidOption. A nil l keeps the default: no
+// in-flight limit.
+func WithInFlight(l throttle.InFlightLimiter, lease time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if l == nil {
+			return nil
+		}
+		if lease <= 0 {
+			return &throttle.OptionError{Field: "WithInFlight.lease", Reason: fmt.Sprintf("must be > 0, got %v", lease)}
+		}
+		c.inFlight, c.lease = l, lease
+		return nil
+	})
+}
+
 // WithTracerProvider sets the provider of the process spans. Nil means the
 // global provider (otel.GetTracerProvider()). The Gate's decision spans
 // come from the Gate's own provider.
@@ -355,8 +390,9 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 // function error, a request the Gate refuses as a usage error, a decision
 // not made within the decision timeout (wrapping the context's error,
 // context.DeadlineExceeded), a held message abandoned by Close
-// (ErrClosed), a bad configuration (once per message), and a decision the
-// Gate's failure policy made because the limiter failed (a
+// (ErrClosed), a bad configuration (once per message), a failed Acquire,
+// Renew or Release of the in-flight limiter (WithInFlight), and a decision
+// the Gate's failure policy made because the limiter failed (a
 // *throttle.StoreError, matching throttle.ErrStore, for the message whose
 // decision it was; at most 3 at once and then 2 per second per Handler,
 // each with the number of failures left unreported since the previous

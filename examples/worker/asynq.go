@@ -43,6 +43,7 @@ type asynqSide struct {
 	lim    *tenantLimiter
 	rec    *recorder
 	tracer trace.Tracer
+	work   time.Duration // -work: how long every handler takes
 
 	handlerErrs, throttleErrs errorLog
 
@@ -55,7 +56,10 @@ type asynqSide struct {
 // (with a client of its own), on queue, gated by a Gate over lim (whose
 // Redis client honours context deadlines). Admissions and handler runs go
 // to rec; the Gate's metrics to mp. cl stops the server, deletes the queue and closes the client.
-func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations time.Duration, cl *closers) (*asynqSide, error) {
+//
+// inf, when not nil, limits the handlers of a tenant running at once; each
+// takes work.
+func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations, work time.Duration, cl *closers) (*asynqSide, error) {
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", err)
@@ -71,6 +75,7 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter,
 		lim:      lim,
 		rec:      rec,
 		tracer:   tp.Tracer(scopeName),
+		work:     work,
 		archived: -1,
 	}
 	lim.admitted = rec.admitted
@@ -113,6 +118,9 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter,
 		}),
 		asynqthrottle.WithTracerProvider(tp),
 		asynqthrottle.WithPropagators(propagation.TraceContext{}),
+		// At most -inflight handlers of a tenant at once (nil: no limit).
+		asynqthrottle.WithInFlight(inf, inFlightLease),
+		asynqthrottle.WithErrorHandler(func(_ context.Context, t *asynq.Task, err error) { a.throttleErrs.add(taskType, err) }),
 	))
 	mux.HandleFunc(taskType, a.handle)
 	if err := a.srv.Start(mux); err != nil {
@@ -155,8 +163,8 @@ func (a *asynqSide) enqueue(ctx context.Context, j job) error {
 	return nil
 }
 
-// handle is the job handler: it runs only for admitted tasks, and records
-// the job.
+// handle is the job handler: it runs only for admitted tasks, works on
+// the job for -work and records it (start and end of the work).
 func (a *asynqSide) handle(ctx context.Context, t *asynq.Task) error {
 	j, err := taskJob(t)
 	if err != nil {
@@ -167,7 +175,11 @@ func (a *asynqSide) handle(ctx context.Context, t *asynq.Task) error {
 	// The job's span is a child of the middleware's process span.
 	_, span := a.tracer.Start(ctx, "handle "+j.ID)
 	defer span.End()
-	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id, At: time.Now().UnixNano()})
+	start := time.Now()
+	if a.work > 0 {
+		time.Sleep(a.work)
+	}
+	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id, At: start.UnixNano(), End: time.Now().UnixNano()})
 	return nil
 }
 

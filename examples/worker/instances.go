@@ -43,6 +43,7 @@ type record struct {
 	Kind   string   `json:"kind"` // "admit", "handle", "nak", "hold", "term", "metrics", "error" or "done"
 	Tenant string   `json:"tenant,omitempty"`
 	N      int      `json:"n,omitempty"`      // admit: cost units
+	ID     string   `json:"id,omitempty"`     // admit: the admission's identity
 	Before int64    `json:"before,omitempty"` // admit: clock before the decision, Unix ns
 	After  int64    `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
 	Run    *handled `json:"run,omitempty"`    // handle
@@ -76,8 +77,8 @@ func (w *recordWriter) send(r record) {
 	}
 }
 
-func (w *recordWriter) admitted(tenant string, n int, before, after time.Time) {
-	w.send(record{Kind: "admit", Tenant: tenant, N: n, Before: before.UnixNano(), After: after.UnixNano()})
+func (w *recordWriter) admitted(tenant, id string, n int, before, after time.Time) {
+	w.send(record{Kind: "admit", Tenant: tenant, ID: id, N: n, Before: before.UnixNano(), After: after.UnixNano()})
 }
 
 func (w *recordWriter) handle(h handled) { w.send(record{Kind: "handle", Run: &h}) }
@@ -142,6 +143,11 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
+	// Every worker process shares the in-flight slots in Redis.
+	inf, err := newInFlight(cfg.InFlight, rc, cfg.KeyPrefix+"inflight:")
+	if err != nil {
+		return err
+	}
 	nc, _, err := connect(cfg.NATSURL, &cl)
 	if err != nil {
 		return err
@@ -156,9 +162,9 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return fmt.Errorf("consumer %s of stream %s: %w", durableName, streamName, err)
 	}
-	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs()}
+	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs(), work: cfg.Work}
 	lim.rejected = w.reserved.set
-	stopConsumer, err := consume(cons, gate, w, tp)
+	stopConsumer, err := consume(cons, gate, inf, w, tp)
 	if err != nil {
 		return err
 	}
@@ -239,7 +245,8 @@ func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder,
 		args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", keyPrefix,
 			"-nats", natsURL, "-redis", cfg.RedisURL, "-jobs", jobsPath,
 			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
-			"-reservations", cfg.Reservations.String()}
+			"-reservations", cfg.Reservations.String(),
+			"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String()}
 		if cfg.Metrics != "" {
 			addr, err := processMetricsAddr(cfg.Metrics, id)
 			if err != nil {
@@ -303,7 +310,7 @@ func (ps *processes) read(p *process, stdout io.Reader) {
 func (ps *processes) apply(p *process, r record) {
 	switch r.Kind {
 	case "admit":
-		ps.rec.admitted(r.Tenant, r.N, time.Unix(0, r.Before), time.Unix(0, r.After))
+		ps.rec.admitted(r.Tenant, r.ID, r.N, time.Unix(0, r.Before), time.Unix(0, r.After))
 	case "handle":
 		if r.Run != nil {
 			ps.rec.handle(*r.Run)
@@ -409,9 +416,9 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	stopProcesses := sync.OnceFunc(func() { ps.stop(15 * time.Second) })
 	cl.add(stopProcesses)
 
-	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s) for %d worker processes; %s, %s\n",
+	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s) for %d worker processes; %s, %s%s%s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(),
-		cfg.Instances, spec.describe(rc.Options().Addr), limitsText(jf, defRate))
+		cfg.Instances, spec.describe(rc.Options().Addr), limitsText(jf, defRate), describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
 
 	tp := noop.NewTracerProvider()
 	pctx, pcancel := context.WithCancel(ctx)
@@ -435,6 +442,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	rep := rec.summarize(jf.Jobs, rateOf, spec)
 	rep.Deliveries = deliveries
 	rep.Instances = cfg.Instances
+	rep.InFlight = cfg.InFlight
 	if hs, ok := ps.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}

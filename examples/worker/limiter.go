@@ -169,8 +169,10 @@ type tenantLimiter struct {
 
 	// admitted, if set, is called for every admission with the clock read
 	// just before and just after the limiter decided: the instant the
-	// limiter counted the admission lies between the two.
-	admitted func(key string, n int, before, after time.Time)
+	// limiter counted the admission lies between the two. id is the
+	// admission's identity ("" without one): an id admitted again while
+	// its first admission is still in the window is not charged again.
+	admitted func(key, id string, n int, before, after time.Time)
 	// rejected, if set, is called for every rejection by id, with whether
 	// it reserved the id's slot (Decision.Reserved).
 	rejected func(id string, reserved bool)
@@ -213,7 +215,7 @@ func (l *tenantLimiter) AllowN(ctx context.Context, key string, n int) (throttle
 	before := time.Now()
 	d, err := x.AllowN(ctx, key, n)
 	if err == nil && d.Allowed && l.admitted != nil {
-		l.admitted(key, n, before, time.Now())
+		l.admitted(key, "", n, before, time.Now())
 	}
 	return d, err
 }
@@ -233,7 +235,7 @@ func (l *tenantLimiter) AllowID(ctx context.Context, key string, n int, id strin
 	before := time.Now()
 	d, err := ids.AllowID(ctx, key, n, id, horizon)
 	if err == nil && d.Allowed && l.admitted != nil {
-		l.admitted(key, n, before, time.Now())
+		l.admitted(key, id, n, before, time.Now())
 	}
 	if err == nil && !d.Allowed && l.rejected != nil {
 		l.rejected(id, d.Reserved)

@@ -43,6 +43,14 @@
 // this process checks all of them together. The worker processes stop when
 // the run ends, and on Linux are killed if this process dies.
 //
+// -inflight N allows each tenant N handlers at once, across every worker
+// process (concurrency.NewRedis with -redis, else concurrency.NewMemory;
+// natsthrottle.WithInFlight and asynqthrottle.WithInFlight, lease 500 ms),
+// and -work D makes every handler take D before it acks. The summary then
+// shows, per tenant, the most handlers running at once (from the start of
+// each handler to the end of its work, before its ack), and the check
+// fails when it is above N.
+//
 // The limit is checked where it is enforced: at the admissions, each timed
 // by the clock read just before and after the limiter decided; "max in any
 // 1s" counts only admissions certainly inside one window.
@@ -94,10 +102,12 @@
 //	go run ./examples/worker -redis redis://localhost:6379/0 -nats nats://localhost:4222
 //	go run ./examples/worker -limiter hybrid -redis redis://localhost:6379/0
 //	go run ./examples/worker -instances 3 -redis redis://localhost:6379/0
+//	go run ./examples/worker -instances 3 -redis redis://localhost:6379/0 -inflight 2 -work 200ms
 //	go run ./examples/worker -trace stdout | tail
 //
 // The exit status is 1 when a job was not handled exactly once, when a
-// tenant was admitted beyond its limit (or its bucket's bound), when an
+// tenant was admitted beyond its limit (or its bucket's bound) or ran
+// more handlers at once than -inflight, when an
 // asynq task was archived, or on an error.
 package main
 
@@ -131,6 +141,11 @@ type config struct {
 	Report       string // write the JSON report to this file
 	Plot         string // draw the run to this .svg or .html file
 	Metrics      string // serve the Gates' metrics for Prometheus on this address
+	// InFlight > 0 allows each tenant that many handlers at once, across
+	// every worker process (concurrency.NewRedis with -redis, else
+	// concurrency.NewMemory); Work is how long every handler takes.
+	InFlight int
+	Work     time.Duration
 
 	// The hidden settings of a worker process of -instances.
 	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
@@ -170,6 +185,8 @@ func main() {
 	flag.StringVar(&cfg.Report, "report", "", "write the run's report as JSON to `FILE`")
 	flag.StringVar(&cfg.Plot, "plot", "", "draw the run per tenant (admissions per 100 ms against the limit, NAKs, reservations, holds, faults) to `FILE`.svg or FILE.html")
 	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
+	flag.IntVar(&cfg.InFlight, "inflight", 0, "at most `N` handlers of a tenant at once, across every worker process (in Redis with -redis; 0: no limit)")
+	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")

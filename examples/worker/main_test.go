@@ -193,9 +193,9 @@ func TestSummary(t *testing.T) {
 	}
 	for i := range 3 {
 		now := start.Add(time.Duration(i) * 10 * time.Millisecond)
-		rec.admitted("a", 1, now, now)
+		rec.admitted("a", "", 1, now, now)
 	}
-	rec.admitted("b", 1, start, start)
+	rec.admitted("b", "", 1, start, start)
 	rec.handle(handled{Tenant: "a", JobID: "a1", Ref: "1"})
 	rec.handle(handled{Tenant: "a", JobID: "a2", Ref: "2"})
 	rec.handle(handled{Tenant: "a", JobID: "a2", Ref: "2"})

@@ -211,7 +211,7 @@ func TestRecorderTimeline(t *testing.T) {
 	start := time.Now()
 	rec := newRecorder(start, 2)
 	rec.published("a", "a1", 1)
-	rec.admitted("a", 1, start.Add(10*time.Millisecond), start.Add(12*time.Millisecond))
+	rec.admitted("a", "", 1, start.Add(10*time.Millisecond), start.Add(12*time.Millisecond))
 	rec.nak("a", start.Add(20*time.Millisecond), true)
 	rec.rejected("a", "a1", start.Add(30*time.Millisecond), false)
 	rec.hold("a", 1, start.Add(40*time.Millisecond))

@@ -35,6 +35,8 @@ type (
 		Bound        int     `json:"bound"`         // the most the limiter may admit in such a window
 		WaitP50MS    float64 `json:"wait_p50_ms"`   // arrival to handler start
 		WaitP99MS    float64 `json:"wait_p99_ms"`
+		MaxInFlight  int     `json:"max_in_flight"`             // most handlers running at once, start to end of work
+		InFlight     int     `json:"in_flight_limit,omitempty"` // -inflight (0: no limit)
 	}
 )
 
@@ -76,6 +78,8 @@ func (rep report) jsonConsumer() jsonConsumer {
 			Bound:        t.Bound,
 			WaitP50MS:    ms(t.WaitP50),
 			WaitP99MS:    ms(t.WaitP99),
+			MaxInFlight:  t.MaxInFlight,
+			InFlight:     rep.InFlight,
 		})
 	}
 	return c

@@ -23,6 +23,7 @@ type handled struct {
 	Ref    string `json:"ref"`            // the message: its stream sequence (NATS) or task ID (asynq)
 	Proc   int    `json:"proc,omitempty"` // worker process (1..N) with -instances, else 0
 	At     int64  `json:"at,omitempty"`   // when the handler started, Unix ns (0: when recorded)
+	End    int64  `json:"end,omitempty"`  // when its work ended, before its ack, Unix ns (0: unknown)
 }
 
 // consumer says which consumer a recorder or report is about; the zero
@@ -81,8 +82,8 @@ type tenantStats struct {
 // sends to the main process.
 type events interface {
 	// admitted records an admission of n units for tenant, made at an
-	// instant between before and after.
-	admitted(tenant string, n int, before, after time.Time)
+	// instant between before and after, with identity id ("" for none).
+	admitted(tenant, id string, n int, before, after time.Time)
 	handle(h handled)
 	// nak records a NAK sent at at; reserved reports that the decision
 	// behind it reserved the message's own slot (Decision.Reserved).
@@ -178,11 +179,11 @@ func (r *recorder) handle(h handled) {
 }
 
 // admitted records an admission of n units for tenant, made at an instant
-// between before and after.
-func (r *recorder) admitted(tenant string, n int, before, after time.Time) {
+// between before and after, with identity id ("" for none).
+func (r *recorder) admitted(tenant, id string, n int, before, after time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.admits[tenant] = append(r.admits[tenant], event{lo: before.Sub(r.start), hi: after.Sub(r.start), n: n})
+	r.admits[tenant] = append(r.admits[tenant], event{lo: before.Sub(r.start), hi: after.Sub(r.start), n: n, id: id})
 }
 
 // returned is a NAK or an asynq rejection, at an offset from the start;
@@ -255,6 +256,29 @@ func (r *recorder) maxDelivered(seq uint64) {
 type event struct {
 	lo, hi time.Duration
 	n      int
+	id     string // "" for none
+}
+
+// charged returns the events that charged the limiter: an id admitted
+// again while an earlier charged admission of it may still be in the
+// window of length per is admitted without a new charge (Gate.AdmitID: a
+// redelivery, or a message refused an in-flight slot after its admission,
+// perhaps by another worker process), so it is left out.
+func charged(events []event, per time.Duration) []event {
+	ev := append([]event(nil), events...)
+	sort.SliceStable(ev, func(a, b int) bool { return ev[a].lo < ev[b].lo })
+	last := map[string]time.Duration{} // id -> hi of its last charged admission
+	out := ev[:0]
+	for _, e := range ev {
+		if e.id != "" {
+			if hi, ok := last[e.id]; ok && e.lo < hi+per {
+				continue
+			}
+			last[e.id] = e.hi
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // maxInWindow returns the most units admitted in any window of length per,
@@ -292,6 +316,9 @@ type tenantReport struct {
 	// WaitP50 and WaitP99 are percentiles of the time from a job's
 	// arrival to its handler's (first) start.
 	WaitP50, WaitP99 time.Duration
+	// MaxInFlight is the most handlers of the tenant running at once,
+	// each from its start to the end of its work (before its ack).
+	MaxInFlight int
 }
 
 // Over reports whether the tenant was admitted more than its limiter's
@@ -316,6 +343,7 @@ type report struct {
 	Deliveries int
 
 	Hybrid    *bucket.HybridStats // decisions by source, with -limiter hybrid
+	InFlight  int                 // -inflight: handlers of a tenant allowed at once (0: no limit)
 	Instances int                 // worker processes, with -instances (else 0)
 	Processes map[int]int         // handler runs per worker process, with -instances
 
@@ -335,10 +363,11 @@ type report struct {
 func (r report) ExactlyOnce() bool { return len(r.Missing) == 0 && len(r.Duplicates) == 0 }
 
 // OK reports whether the run passes every check: every job handled exactly
-// once and no tenant over its limiter's bound, on each consumer, and no
+// once, no tenant over its limiter's bound nor (with -inflight) with more
+// handlers at once than the in-flight limit, on each consumer, and no
 // asynq task archived.
 func (r report) OK() bool {
-	if !r.ExactlyOnce() || !r.WithinLimits() || r.Archived != 0 {
+	if !r.ExactlyOnce() || !r.WithinLimits() || !r.WithinInFlight() || r.Archived != 0 {
 		return false
 	}
 	return r.Asynq == nil || r.Asynq.OK()
@@ -348,6 +377,21 @@ func (r report) OK() bool {
 func (r report) WithinLimits() bool {
 	for _, t := range r.Tenants {
 		if t.Over() {
+			return false
+		}
+	}
+	return true
+}
+
+// OverInFlight reports whether the tenant had more handlers running at
+// once than the in-flight limit n (0: no limit).
+func (t tenantReport) OverInFlight(n int) bool { return n > 0 && t.MaxInFlight > n }
+
+// WithinInFlight reports whether no tenant had more handlers running at
+// once than the in-flight limit.
+func (r report) WithinInFlight() bool {
+	for _, t := range r.Tenants {
+		if t.OverInFlight(r.InFlight) {
 			return false
 		}
 	}
@@ -371,7 +415,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 			rep.Duplicates[h.JobID] = append(rep.Duplicates[h.JobID], h.Ref)
 		}
 	}
-	waits, twice := map[string][]time.Duration{}, map[string]int{}
+	waits, twice, runs := map[string][]time.Duration{}, map[string]int{}, map[string][]handled{}
 	first, last := time.Time{}, time.Time{}
 	for _, t := range r.arrived {
 		if first.IsZero() || t.Before(first) {
@@ -380,6 +424,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 	}
 	started := map[string]bool{}
 	for _, h := range r.runs {
+		runs[h.Tenant] = append(runs[h.Tenant], h)
 		at := time.Unix(0, h.At)
 		last = maxTime(last, at)
 		if started[h.JobID] {
@@ -404,13 +449,14 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 			Tenant:      name,
 			Rate:        rate,
 			tenantStats: *ts,
-			MaxInWindow: maxInWindow(r.admits[name], rate.Per),
+			MaxInWindow: maxInWindow(charged(r.admits[name], rate.Per), rate.Per),
 			Bound:       bound,
 			BoundText:   text,
 			Twice:       twice[name],
 			MustWait:    waiting[name],
 			WaitP50:     percentile(waits[name], 0.50),
 			WaitP99:     percentile(waits[name], 0.99),
+			MaxInFlight: maxInFlight(runs[name]),
 		})
 		rep.Deliveries += ts.Handled + ts.Naks
 	}
@@ -449,10 +495,14 @@ func (rep report) printTable(w io.Writer, heading string) {
 	}
 	c := rep.Consumer
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	inFlightCol := ""
+	if rep.InFlight > 0 {
+		inFlightCol = "most in flight\t"
+	}
 	if c == consumerAsynq {
-		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\treserved\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\treserved\tlost\twait p50/p99\t%smost admitted in any window (cost units)\n", c.published(), c.rejections(), inFlightCol)
 	} else {
-		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\treserved\tholds\tlost\twait p50/p99\tmost admitted in any window (cost units)\n", c.published(), c.rejections())
+		fmt.Fprintf(tw, "tenant\trate\t%s\thandled\tmust wait\t%s\treserved\tholds\tlost\twait p50/p99\t%smost admitted in any window (cost units)\n", c.published(), c.rejections(), inFlightCol)
 	}
 	for _, t := range rep.Tenants {
 		verdict := ""
@@ -463,9 +513,16 @@ func (rep report) printTable(w io.Writer, heading string) {
 		if c == consumerAsynq {
 			holds = ""
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s%d\t%s/%s\tmax in any %v: %d (%s)%s\n",
+		inFlight := ""
+		if rep.InFlight > 0 {
+			inFlight = fmt.Sprintf("%d (limit %d)\t", t.MaxInFlight, rep.InFlight)
+			if t.OverInFlight(rep.InFlight) {
+				verdict += "  OVER THE IN-FLIGHT LIMIT"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s%d\t%s/%s\t%smax in any %v: %d (%s)%s\n",
 			t.Tenant, t.Rate, t.Published, t.Handled, t.MustWait, t.Naks, t.Reserved, holds, t.Terms+t.MaxDeliver,
-			roundWait(t.WaitP50), roundWait(t.WaitP99), t.Rate.Per, t.MaxInWindow, t.BoundText, verdict)
+			roundWait(t.WaitP50), roundWait(t.WaitP99), inFlight, t.Rate.Per, t.MaxInWindow, t.BoundText, verdict)
 	}
 	tw.Flush()
 	if lines := rep.timeline.sparklines(); len(lines) > 0 {

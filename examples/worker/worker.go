@@ -92,6 +92,12 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if cfg.Progress <= 0 {
 		cfg.Progress = defaultConfig().Progress
 	}
+	if err := checkWork(cfg.Work); err != nil {
+		return report{}, err
+	}
+	if cfg.InFlight < 0 {
+		return report{}, fmt.Errorf("-inflight: must be >= 0, got %d", cfg.InFlight)
+	}
 	switch {
 	case cfg.Instances > 1:
 		return workInstances(ctx, cfg, stdout, jf, rateOf, defRate, spec)
@@ -146,23 +152,33 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		arec := newRecorder(start, len(jf.Jobs))
 		arec.consumer = consumerAsynq
 		arec.rateOf = rateOf
-		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, arec, tp, mp, cfg.Reservations, &cl); err != nil {
+		ainf, err := newInFlight(cfg.InFlight, rc, prefix+"asynq:inflight:")
+		if err != nil {
+			return report{}, err
+		}
+		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, ainf, arec, tp, mp, cfg.Reservations, cfg.Work, &cl); err != nil {
 			return report{}, err
 		}
 	}
 
-	// The worker: the job handler gated by the throttle.
+	// The worker: the job handler gated by the throttle, and by the
+	// in-flight limit with -inflight.
+	inf, err := newInFlight(cfg.InFlight, rc, prefix+"inflight:")
+	if err != nil {
+		return report{}, err
+	}
 	tracer := tp.Tracer(scopeName)
-	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs()}
+	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs(), work: cfg.Work}
 	lim.rejected = w.reserved.set
-	stopConsumer, err := consume(cons, gate, w, tp)
+	stopConsumer, err := consume(cons, gate, inf, w, tp)
 	if err != nil {
 		return report{}, err
 	}
 	cl.add(stopConsumer)
 
-	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s\n",
-		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, limitsText(jf, defRate))
+	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s%s%s\n",
+		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, limitsText(jf, defRate),
+		describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
 	if metricsAddr != "" {
 		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
 	}
@@ -204,6 +220,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	w.throttleErrs.print(out, "throttle error")
 	rep := rec.summarize(jf.Jobs, rateOf, spec)
 	rep.Deliveries = deliveries
+	rep.InFlight = cfg.InFlight
 	if hs, ok := lim.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}
@@ -212,6 +229,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		as.throttleErrs.print(out, "asynq throttle error")
 		arep := as.rec.summarize(jf.Jobs, rateOf, spec)
 		arep.Queue, arep.Archived, arep.Failed, arep.MaxRetry = as.queue, as.archived, as.failed, asynqMaxRetry
+		arep.InFlight = cfg.InFlight
 		if hs, ok := as.lim.hybridStats(); ok {
 			arep.Hybrid = &hs
 		}
@@ -291,10 +309,11 @@ func watchMaxDeliveries(nc *nats.Conn, rec *recorder, cl *closers) error {
 	return nil
 }
 
-// consume runs w's handler, gated by gate, on cons. The returned function
-// stops pulling, then waits for the messages the throttle holds; it is
-// safe to call more than once.
-func consume(cons jetstream.Consumer, gate *throttle.Gate, w *worker, tp trace.TracerProvider) (func(), error) {
+// consume runs w's handler, gated by gate and, when not nil, by the
+// in-flight limit inf, on cons. The returned function stops pulling, then
+// waits for the messages the throttle holds; it is safe to call more than
+// once.
+func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlightLimiter, w *worker, tp trace.TracerProvider) (func(), error) {
 	throttled, err := natsthrottle.New(w.handle, gate,
 		natsthrottle.WithKeyFunc(func(m jetstream.Msg) (string, error) { return tenantOf(m.Subject()) }),
 		natsthrottle.WithCostFunc(jobCost),
@@ -303,6 +322,8 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, w *worker, tp trace.T
 		// with a burst of thousands, so the slots of messages that come
 		// back meanwhile are claimed on time.
 		natsthrottle.WithConcurrency(16),
+		// At most -inflight handlers of a tenant at once (nil: no limit).
+		natsthrottle.WithInFlight(inf, inFlightLease),
 		natsthrottle.WithTracerProvider(tp),
 		natsthrottle.WithPropagators(propagation.TraceContext{}),
 		natsthrottle.WithErrorHandler(func(m jetstream.Msg, err error) { w.throttleErrs.add(m.Subject(), err) }),
@@ -538,14 +559,15 @@ func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cl *closers)
 type worker struct {
 	rec      events
 	tracer   trace.Tracer
-	proc     int          // worker process, with -instances
-	reserved *reservedIDs // the rejections of the Gate's limiter that reserved a slot
+	proc     int           // worker process, with -instances
+	reserved *reservedIDs  // the rejections of the Gate's limiter that reserved a slot
+	work     time.Duration // -work: how long every handler takes
 
 	handlerErrs, throttleErrs errorLog
 }
 
-// handle records the job and acks it, waiting for the server's
-// confirmation.
+// handle works on the job for -work, records it (start and end of the
+// work) and acks it, waiting for the server's confirmation.
 func (w *worker) handle(m jetstream.Msg) {
 	var j job
 	if err := json.Unmarshal(m.Data(), &j); err != nil {
@@ -560,7 +582,11 @@ func (w *worker) handle(m jetstream.Msg) {
 	// The job's span is a child of the throttle's process span.
 	ctx, span := w.tracer.Start(natsthrottle.ContextFromMsg(m), "handle "+j.ID)
 	defer span.End()
-	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc, At: time.Now().UnixNano()})
+	start := time.Now()
+	if w.work > 0 {
+		time.Sleep(w.work)
+	}
+	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc, At: start.UnixNano(), End: time.Now().UnixNano()})
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := m.DoubleAck(ctx); err != nil {

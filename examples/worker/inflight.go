@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/concurrency"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// inFlightLease is the lease of every in-flight slot (-inflight). The
+// consumers renew it every third while a handler runs, so it need not
+// cover the job: it bounds how long a worker process that died keeps its
+// slots, and how long a job refused a slot stays away (its retry-after is
+// the earliest lease end of the tenant, so the refused jobs of a tenant
+// come back about once a lease). Short, for throughput, yet with room for
+// a renewal that is slow on a busy machine: 2/3 of it, 333 ms.
+const inFlightLease = 500 * time.Millisecond
+
+// newInFlight returns the in-flight limit of -inflight n per tenant: in
+// Redis with keys under prefix when rc is not nil (shared by every worker
+// process), else in process; nil for n == 0.
+func newInFlight(n int, rc *redis.Client, prefix string) (throttle.InFlightLimiter, error) {
+	switch {
+	case n == 0:
+		return nil, nil
+	case n < 0:
+		return nil, fmt.Errorf("-inflight: must be >= 0, got %d", n)
+	case rc == nil:
+		return concurrency.NewMemory(n)
+	}
+	return concurrency.NewRedis(rc, n, concurrency.WithPrefix(prefix), concurrency.WithTimeout(redisTimeout))
+}
+
+// describeInFlight says how the handlers are limited, for the header.
+func describeInFlight(n int, rc *redis.Client) string {
+	if n == 0 {
+		return ""
+	}
+	where := "in process"
+	if rc != nil {
+		where = "in Redis"
+	}
+	return fmt.Sprintf("; at most %d handlers of a tenant at once (%s, lease %v)", n, where, inFlightLease)
+}
+
+// checkWork validates -work: a handler must ack within the consumer's
+// AckWait, and does not send InProgress.
+func checkWork(d time.Duration) error {
+	if ackWait := consumerConfig().AckWait; d < 0 || d >= ackWait/2 {
+		return fmt.Errorf("-work: must be >= 0 and below half the consumer's AckWait of %v, got %v", ackWait, d)
+	}
+	return nil
+}
+
+// maxInFlight returns the most runs that were running at once, each from
+// its start to its end (a run without an end counts at its start only):
+// runs are half-open intervals [At, End), so one ending as another starts
+// does not overlap it.
+func maxInFlight(runs []handled) int {
+	type edge struct {
+		at    int64
+		delta int
+	}
+	edges := make([]edge, 0, 2*len(runs))
+	for _, h := range runs {
+		end := max(h.End, h.At)
+		if end == h.At {
+			end++ // an instant: still counted once
+		}
+		edges = append(edges, edge{h.At, 1}, edge{end, -1})
+	}
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].at != edges[j].at {
+			return edges[i].at < edges[j].at
+		}
+		return edges[i].delta < edges[j].delta // ends first
+	})
+	now, most := 0, 0
+	for _, e := range edges {
+		now += e.delta
+		most = max(most, now)
+	}
+	return most
+}
+
+// describeWork says how long a handler takes, for the header.
+func describeWork(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; every handler takes %v", d)
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+)
+
+func TestMaxInFlight(t *testing.T) {
+	run := func(at, end int64) handled { return handled{At: at, End: end} }
+	tests := []struct {
+		name string
+		runs []handled
+		want int
+	}{
+		{name: "none", want: 0},
+		{name: "one", runs: []handled{run(0, 10)}, want: 1},
+		{name: "overlap", runs: []handled{run(0, 10), run(5, 15), run(6, 7)}, want: 3},
+		{name: "one ends as the next starts", runs: []handled{run(0, 10), run(10, 20), run(20, 30)}, want: 1},
+		{name: "unsorted", runs: []handled{run(20, 30), run(0, 25), run(10, 12)}, want: 2},
+		{name: "no end counts at its start", runs: []handled{run(5, 0), run(5, 0), run(0, 10)}, want: 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := maxInFlight(tt.runs); got != tt.want {
+				t.Errorf("maxInFlight = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCharged(t *testing.T) {
+	at := func(m int, id string) event {
+		d := time.Duration(m) * time.Millisecond
+		return event{lo: d, hi: d, n: 1, id: id}
+	}
+	tests := []struct {
+		name   string
+		events []event
+		want   int
+	}{
+		{name: "distinct ids", events: []event{at(0, "a"), at(1, "b"), at(2, "")}, want: 3},
+		{name: "again in the window", events: []event{at(0, "a"), at(500, "a"), at(999, "a")}, want: 1},
+		{name: "again after the window", events: []event{at(0, "a"), at(1000, "a"), at(1500, "a")}, want: 2},
+		{name: "no id always charged", events: []event{at(0, ""), at(1, "")}, want: 2},
+		{name: "unsorted", events: []event{at(500, "a"), at(0, "a")}, want: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := len(charged(tt.events, time.Second)); got != tt.want {
+				t.Errorf("%d charged, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestReportOverInFlight(t *testing.T) {
+	rep := report{InFlight: 2, Tenants: []tenantReport{{Tenant: "a", MaxInFlight: 3}}}
+	if rep.OK() {
+		t.Fatal("report with 3 in flight at a limit of 2 is OK")
+	}
+	var b strings.Builder
+	rep.printTable(&b, "")
+	if !strings.Contains(b.String(), "3 (limit 2)") || !strings.Contains(b.String(), "OVER THE IN-FLIGHT LIMIT") {
+		t.Errorf("table:\n%s", b.String())
+	}
+	rep.Tenants[0].MaxInFlight = 2
+	if !rep.OK() {
+		t.Fatal("report at the in-flight limit is not OK")
+	}
+}
+
+// TestRunInFlight runs a burst of one tenant with -inflight 2 and -work:
+// in process (the in-memory limits, NATS only) and across three worker
+// processes sharing the Redis limits. At most 2 handlers of a tenant run
+// at once, and the limit is reached; every job is handled exactly once,
+// none lost (no MaxDeliver), within the rate limits.
+func TestRunInFlight(t *testing.T) {
+	for _, instances := range []int{1, 3} {
+		t.Run(map[int]string{1: "in process", 3: "3 worker processes"}[instances], func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.JobsPath = writeJobs(t, 12, "50/1s", 4)
+			cfg.Rate = "10/200ms"
+			cfg.InFlight = 2
+			cfg.Work = 100 * time.Millisecond
+			cfg.Timeout = 20 * time.Second
+			if instances > 1 {
+				cfg.Instances = instances
+				cfg.RedisURL = "redis://" + redistest.Start(t).Addr() + "/0"
+			}
+			rep, out := mustWork(t, cfg)
+			checkConsumer(t, rep, map[string]int{"burst": 12, "light": 4})
+			if !rep.OK() {
+				t.Error("report not OK")
+			}
+			for _, tr := range rep.Tenants {
+				if lost := tr.Terms + tr.MaxDeliver; lost != 0 {
+					t.Errorf("tenant %s: %d lost", tr.Tenant, lost)
+				}
+			}
+			burst := byTenant(rep)["burst"]
+			if burst.MaxInFlight != 2 {
+				t.Errorf("burst: %d handlers at once, want exactly 2", burst.MaxInFlight)
+			}
+			if burst.Naks+burst.Holds == 0 {
+				t.Error("burst: no job was refused a slot")
+			}
+			if !strings.Contains(out.String(), "2 (limit 2)") {
+				t.Error("the summary does not show the in-flight column")
+			}
+			if s := out.String(); strings.Contains(s, "error:") {
+				t.Error("an error was reported")
+			}
+		})
+	}
+}
