@@ -294,7 +294,7 @@ func WithJitter(fraction float64, maxJitter time.Duration) Option {
 // this before its slot, and waits in process for the rest: the server
 // redelivers late by up to 100 ms when many messages are pending, and a
 // late claim would push the slots after it. Default DefaultMaxWait
-// (250 ms), or a tenth of the consumer's shortest ack wait if that is
+// (1 s), or a quarter of the consumer's shortest ack wait if that is
 // shorter; 0 NAKs every reserved rejection to its exact slot; it must be
 // >= 0 and below half the consumer's shortest ack wait.
 func WithMaxWait(d time.Duration) Option {
