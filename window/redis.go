@@ -225,42 +225,10 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 		}
 	}
 	if err != nil {
-		if horizon != argAllowN && horizon != argPeek && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-			go l.undo(k, argN, member)
-		}
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
 	return l.decision(res, r.Count)
 }
-
-//go:embed undo.lua
-var undoLua string
-
-var undoScript = redis.NewScript(undoLua)
-
-// undo takes back, best effort, the admission of an AllowID call of id on
-// the Redis key k whose reply was lost: Redis may still run the call (a
-// paused server runs it when it resumes), and the caller, who saw an
-// error, puts the message back. Without undo its next decision would find
-// it admitted and run it for free, later than it was counted: a handler
-// start the window does not see. With undo it is charged once, when it
-// runs. The undo is sent after the lost call, on its own deadline, so
-// Redis runs it after the call; only units admitted within a few timeouts
-// are removed.
-func (l *Redis) undo(k string, argN any, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
-	defer cancel()
-	within := strconv.FormatInt(int64(2*l.timeout/time.Microsecond)+1_000_000, 10)
-	if l.clock == nil {
-		_ = undoScript.Run(ctx, l.client, []string{k}, argN, id, within).Err()
-		return
-	}
-	now, _ := instant(l.clock.Now(), 0)
-	_ = undoScript.Run(ctx, l.client, []string{k}, argN, id, within, strconv.FormatInt(now, 10)).Err()
-}
-
-// undoTimeout bounds an undo: long enough to outlast a paused Redis.
-const undoTimeout = 10 * time.Second
 
 // floorSuffix names the clock-floor key beside a key's sorted set (after
 // its hash tag, so in the same slot; no sorted-set key ends with it).
