@@ -120,9 +120,15 @@ func TestReservedTasksComeBackOnce(t *testing.T) {
 			starts = append(starts, r.at)
 		}
 	}
+	// The window is exact at its admissions; a handler starts a few
+	// microseconds after its admission (more under -race), and a task
+	// admitted on its slot after waiting starts sooner after it than one
+	// admitted on arrival: allow 20 ms for that, as TestRateOverStream
+	// does.
 	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	const latency = 20 * time.Millisecond
 	for i := limit; i < len(starts); i++ {
-		if d := starts[i].Sub(starts[i-limit]); d < time.Second {
+		if d := starts[i].Sub(starts[i-limit]); d < time.Second-latency {
 			t.Errorf("handler starts %d..%d within %v: more than %d in one second", i-limit+1, i+1, d, limit)
 		}
 	}
