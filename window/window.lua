@@ -94,6 +94,36 @@ else
 	count = redis.call("ZCOUNT", key, excl(now - window), "+inf")
 end
 
+-- The hot path, straight-line (the helpers below are closures, built on
+-- every call): one unit of AllowN, or of AllowID with a new id, that fits.
+-- It does what admit() does.
+local known -- AllowID: ZMSCORE of the id's admitted and reserved units
+if n == 1 and count < limit and not peek then
+	local member, keep = base, 0
+	if withID then
+		known = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
+		member, keep = "A1:" .. base, 10000000
+	end
+	if not (known and (known[1] or known[2])) then
+		redis.call("ZADD", key, now, member)
+		local ms = math.ceil((window + keep) / 1000)
+		local later
+		if count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1 then
+			later = false
+		else
+			later = redis.call("PEXPIRE", key, ms, "GT") == 0
+		end
+		if KEYS[2] then
+			redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
+		end
+		local reset = nominal
+		if later then
+			reset = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]) + nominal - now
+		end
+		return {1, limit - count - 1, 0, reset, 0}
+	end
+end
+
 -- Batches keep unpack() well inside Lua's stack limit.
 local function zadd(score, prefix)
 	local args = {}
@@ -186,7 +216,7 @@ local function kth(from, k)
 end
 
 if withID then
-	local s = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
+	local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
 	if s[1] and tonumber(s[1]) > now - window then
 		return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
 	end
