@@ -790,7 +790,7 @@ func TestHybridWithoutShareErrorWraps(t *testing.T) {
 // The first decision for a key leases from Redis; later ones are mostly
 // local. The example starts a redis-server of its own (from PATH).
 func ExampleNewHybrid() {
-	addr, stop := startRedis()
+	addr, stop := redistest.ForExample()
 	defer stop()
 	client := redis.NewClient(&redis.Options{
 		Addr:                  addr, // e.g. "localhost:6379"

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net"
-	"os/exec"
 	"sync"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	asynqthrottle "github.com/queuethrottle/queuethrottle/consumers/asynq"
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/window"
 )
@@ -22,7 +21,7 @@ import (
 // reserved slot. The README runs the server until interrupted; here the
 // example enqueues three tasks and shuts down once they are handled.
 func Example_quickStart() {
-	addr, stop := startRedis()
+	addr, stop := redistest.ForExample()
 	defer stop()
 
 	// From here on, the quick start (but the address, the limit and the
@@ -80,37 +79,4 @@ func Example_quickStart() {
 	// sending {"to":"user2@example.com"}
 	// sending {"to":"user3@example.com"}
 	// the third waited for its slot: true
-}
-
-// startRedis starts a redis-server from PATH on a free loopback port,
-// without persistence, and returns its address and a function that stops
-// it. It exits the example if there is no redis-server.
-func startRedis() (addr string, stop func()) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	addr = ln.Addr().String()
-	ln.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		log.Fatalf("this example needs redis-server on PATH: %v", err)
-	}
-	stop = func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return addr, stop
-		}
-		if time.Now().After(deadline) {
-			stop()
-			log.Fatalf("redis-server on %s: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

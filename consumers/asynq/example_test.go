@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	asynqthrottle "github.com/queuethrottle/queuethrottle/consumers/asynq"
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/window"
 )
@@ -72,7 +73,7 @@ func Example() {
 // consumer's process span is a child of the producer's span. The example
 // starts a redis-server of its own (from PATH).
 func ExampleInjectTraceContext() {
-	addr, stop := startRedis()
+	addr, stop := redistest.ForExample()
 	defer stop()
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: addr}) // e.g. "localhost:6379"
 	defer client.Close()

@@ -1,4 +1,4 @@
-package bucket
+package redistest
 
 import (
 	"log"
@@ -7,10 +7,11 @@ import (
 	"time"
 )
 
-// startRedis starts a redis-server from PATH on a free loopback port,
-// without persistence, and returns its address and a function that stops
-// it. It exits the example if there is no redis-server.
-func startRedis() (addr string, stop func()) {
+// ForExample starts a redis-server from PATH on a free loopback port,
+// without persistence, for an Example function (which has no testing.T),
+// and returns its address and a function that stops it. It exits the
+// example if there is no redis-server or it does not come up within 5 s.
+func ForExample() (addr string, stop func()) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		log.Fatal(err)
