@@ -163,21 +163,23 @@ func (l *Local) AllowN(_ context.Context, key string, n int) (throttle.Decision,
 	if n < 1 || n > l.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
 	}
-	var now int64
-	if l.sysClock {
-		// The monotonic clock only: one clock read instead of time.Now's
-		// two, and immune to steps of the wall clock.
-		now = l.baseUS + int64(time.Since(l.base)/time.Microsecond)
-	} else {
-		now = l.clock.Now().UnixMicro()
-	}
-	allowed, credit := l.take(key, n, now)
+	allowed, credit := l.take(key, n, l.now())
 	return l.p.decision(allowed, n, credit, l.rate.Count, throttle.SourceLocal), nil
 }
 
-// take is the algorithm at the instant now (µs): it reports whether n
-// tokens were taken, and the credit left (admitted) or there (rejected).
-func (l *Local) take(key string, n int, now int64) (bool, int64) {
+// now returns the current instant in µs since the Unix epoch.
+func (l *Local) now() int64 {
+	if l.sysClock {
+		// The monotonic clock only: one clock read instead of time.Now's
+		// two, and immune to steps of the wall clock.
+		return l.baseUS + int64(time.Since(l.base)/time.Microsecond)
+	}
+	return l.clock.Now().UnixMicro()
+}
+
+// locked returns key's bucket, locked, looking it up (and adding a full
+// one) as needed, and again if the LRU forgot it meanwhile.
+func (l *Local) locked(key string, now int64) *localState {
 	s := &l.shards[l.shardOf(key)]
 	st := s.last.Load()
 	if st == nil || st.key != key {
@@ -189,6 +191,13 @@ func (l *Local) take(key string, n int, now int64) (bool, int64) {
 		st = s.lookup(key, now, &l.p)
 		st.mu.Lock()
 	}
+	return st
+}
+
+// take is the algorithm at the instant now (µs): it reports whether n
+// tokens were taken, and the credit left (admitted) or there (rejected).
+func (l *Local) take(key string, n int, now int64) (bool, int64) {
+	st := l.locked(key, now)
 	credit, ts := l.p.refill(st.credit, st.ts, now)
 	need := int64(n) * l.p.perUS
 	if credit < need {

@@ -43,23 +43,8 @@ func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon
 	if horizon < 0 {
 		return throttle.Decision{}, errHorizon(horizon)
 	}
-	var now int64
-	if l.sysClock {
-		now = l.baseUS + int64(time.Since(l.base)/time.Microsecond)
-	} else {
-		now = l.clock.Now().UnixMicro()
-	}
-	s := &l.shards[l.shardOf(key)]
-	st := s.last.Load()
-	if st == nil || st.key != key {
-		st = s.lookup(key, now, &l.p)
-	}
-	st.mu.Lock()
-	for st.dead {
-		st.mu.Unlock()
-		st = s.lookup(key, now, &l.p)
-		st.mu.Lock()
-	}
+	now := l.now()
+	st := l.locked(key, now)
 	d := l.decideID(st, now, n, id, horizonMicros(horizon))
 	st.mu.Unlock()
 	return d, nil
