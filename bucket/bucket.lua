@@ -7,7 +7,8 @@
 -- the caller).
 --
 -- KEYS[1]  the bucket's hash: tokens = credit at ts (an integer), ts = µs
---          since the Unix epoch at which credit was measured. A missing
+--          since the Unix epoch at which credit was measured, per = the
+--          period credit is counted in (ARGV[1] when written). A missing
 --          key is a full bucket.
 -- ARGV[1]  per: credit per token = the refill period in µs (integer).
 -- ARGV[2]  count: credit added per µs = tokens per period (integer).
@@ -16,6 +17,12 @@
 -- ARGV[5]  max: take at most max tokens (min <= max <= burst).
 -- ARGV[6]  optional: now, µs, from the client's clock. Absent: now is the
 --          server's TIME.
+--
+-- The hash's per field is the period its credit is counted in. A quota
+-- whose period differs (WithQuotas, or a new Rate.Per) keeps the bucket's
+-- whole tokens: credit = floor(credit / stored per) tokens (at most
+-- burst, at least -floor((2^53 - cap) / per)) * per; Local.convert is the
+-- twin. A hash without per is counted in the current period.
 --
 -- Elapsed time is clamped at 0: if now is before ts, the bucket is read at
 -- ts and ts is kept, so stored time never moves backwards. A rejection
@@ -42,9 +49,22 @@ else
 	now = t[1] * 1000000 + t[2]
 end
 
-local st = redis.call("HMGET", key, "tokens", "ts")
+local st = redis.call("HMGET", key, "tokens", "ts", "per")
 local credit = tonumber(st[1])
 local ts = tonumber(st[2])
+if credit ~= nil then
+	local sp = tonumber(st[3])
+	if sp ~= nil and sp ~= per then
+		local t = math.floor(credit / sp)
+		local lo = -math.floor((9007199254740992 - cap) / per)
+		if t > cap / per then
+			t = cap / per
+		elseif t < lo then
+			t = lo
+		end
+		credit = t * per
+	end
+end
 if credit == nil or ts == nil then
 	credit = cap
 	ts = now
@@ -70,7 +90,7 @@ if k > max then
 	k = max
 end
 credit = credit - k * per
-redis.call("HSET", key, "tokens", credit, "ts", ts)
+redis.call("HSET", key, "tokens", credit, "ts", ts, "per", per)
 
 -- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
 local d = count * 1000

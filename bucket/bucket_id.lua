@@ -24,6 +24,8 @@
 -- ARGV[9]  optional: now, µs, from the client's clock. Absent: now is the
 --          server's TIME.
 --
+-- A stored per other than ARGV[1] is converted as bucket.lua does.
+--
 -- A clock behind the bucket's ts counts as no time passing: now is ts.
 -- Ids at or before now - memory are forgotten first. Then: an admitted id
 -- is admitted again, charged nothing; a reserved id is rejected with the
@@ -63,9 +65,22 @@ else
 	now = t[1] * 1000000 + t[2]
 end
 
-local st = redis.call("HMGET", key, "tokens", "ts")
+local st = redis.call("HMGET", key, "tokens", "ts", "per")
 local credit = tonumber(st[1])
 local ts = tonumber(st[2])
+if credit ~= nil then
+	local sp = tonumber(st[3])
+	if sp ~= nil and sp ~= per then
+		local t = math.floor(credit / sp)
+		local lo = -math.floor((9007199254740992 - cap) / per)
+		if t > cap / per then
+			t = cap / per
+		elseif t < lo then
+			t = lo
+		end
+		credit = t * per
+	end
+end
 if credit == nil or ts == nil then
 	credit = cap
 	ts = now
@@ -109,7 +124,7 @@ end
 
 -- store writes the bucket and makes it expire when full again.
 local function store(c)
-	redis.call("HSET", key, "tokens", c, "ts", ts)
+	redis.call("HSET", key, "tokens", c, "ts", ts, "per", per)
 	redis.call("PEXPIRE", key, ceildiv(cap - c, count * 1000))
 end
 

@@ -72,3 +72,24 @@ func TestRedisReservations(t *testing.T) {
 		return l
 	})
 }
+
+func TestLocalQuotas(t *testing.T) {
+	throttletest.RunBucketQuotas(t, func(t *testing.T, r throttle.Rate, burst int, q throttle.QuotaFunc, c throttle.Clock) throttle.Limiter {
+		l, err := NewLocal(r, burst, WithClock(c), WithQuotas(q))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisQuotas(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunBucketQuotas(t, func(t *testing.T, r throttle.Rate, burst int, q throttle.QuotaFunc, c throttle.Clock) throttle.Limiter {
+		l, err := NewRedis(client, r, burst, WithClock(c), WithQuotas(q), WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}

@@ -10,6 +10,8 @@
 -- ARGV[5]  optional: now, µs, from the client's clock. Absent: the
 --          server's TIME.
 --
+-- A stored per other than ARGV[1] is converted as bucket.lua does.
+--
 -- tokens grows by n * per, capped at cap; ts stays. A missing key is a
 -- full bucket and stays missing. The key's expiry moves to the earlier
 -- instant at which the bucket is now full (deleted if that is already
@@ -18,7 +20,7 @@
 -- Returns the credit stored at ts after the return (cap if full).
 
 local key = KEYS[1]
-local st = redis.call("HMGET", key, "tokens", "ts")
+local st = redis.call("HMGET", key, "tokens", "ts", "per")
 local credit = tonumber(st[1])
 local ts = tonumber(st[2])
 local cap = tonumber(ARGV[3])
@@ -26,6 +28,19 @@ if credit == nil or ts == nil then
 	return cap
 end
 local per = tonumber(ARGV[1])
+if credit ~= nil then
+	local sp = tonumber(st[3])
+	if sp ~= nil and sp ~= per then
+		local t = math.floor(credit / sp)
+		local lo = -math.floor((9007199254740992 - cap) / per)
+		if t > cap / per then
+			t = cap / per
+		elseif t < lo then
+			t = lo
+		end
+		credit = t * per
+	end
+end
 local count = tonumber(ARGV[2])
 credit = credit + tonumber(ARGV[4]) * per
 if credit > cap then
@@ -53,7 +68,7 @@ if left <= 0 then
 	redis.call("DEL", key)
 	return cap
 end
-redis.call("HSET", key, "tokens", credit)
+redis.call("HSET", key, "tokens", credit, "per", per)
 local ttl = math.floor(left / 1000)
 if ttl * 1000 < left then
 	ttl = ttl + 1

@@ -138,17 +138,13 @@ const (
 // a Hybrid that is not closed keeps a background goroutine. The zero Hybrid
 // is not usable; call NewHybrid.
 type Hybrid struct {
-	redis    *Redis
-	rate     throttle.Rate
-	burst    int
-	perSec   float64 // refill, tokens per second
-	perNs    float64 // refill, tokens per nanosecond
-	nsPer    float64 // nanoseconds per token
-	leaseCap int
-	timeout  time.Duration
-	clock    throttle.Clock
-	share    *Local // nil without WithLocalShare
-	shareMax int    // the share bucket's burst
+	redis     *Redis // its quotas (WithQuotas) are the Hybrid's
+	rate      throttle.Rate
+	burst     int
+	instances int // WithLocalShare's; 0 without it
+	timeout   time.Duration
+	clock     throttle.Clock
+	share     *Local // nil without WithLocalShare; with WithQuotas, each key's share of its quota
 
 	// Redis health: one circuit breaker, or with a *redis.ClusterClient
 	// one per master, found by the key's slot.
@@ -197,7 +193,8 @@ type hybridShard struct {
 type hybridKey struct {
 	key   string
 	shard *hybridShard
-	slot  int // the Redis Cluster slot of its Redis key, with a cluster
+	slot  int        // the Redis Cluster slot of its Redis key, with a cluster
+	lim   *keyLimits // its quota's (see WithQuotas), as of its last decision
 
 	// stock is the leased tokens held; the newest fresh of them came from
 	// the last lease at freshAt, the others (spent first) at oldAt.
@@ -229,8 +226,10 @@ type hybridKey struct {
 // longer than the timeout. Other Scripter implementations are the caller's
 // responsibility.
 //
-// Options: those of NewRedis, plus WithLocalShare (the degraded mode, see
-// Hybrid), WithLogger, WithMeterProvider and WithMaxKeys. Errors wrap
+// Options: those of NewRedis (WithQuotas included: the Hybrid decides
+// each key on its quota, see quota.go's WithQuotas), plus WithLocalShare
+// (the degraded mode, see Hybrid; with quotas, each key's share is of its
+// quota), WithLogger, WithMeterProvider and WithMaxKeys. Errors wrap
 // throttle.ErrInvalidOption and name the field at fault.
 func NewHybrid(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Hybrid, error) {
 	rb, err := NewRedis(c, r, burst, opts...)
@@ -249,9 +248,6 @@ func NewHybrid(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*H
 		redis:   rb,
 		rate:    r,
 		burst:   burst,
-		perSec:  float64(r.Count) / r.Per.Seconds(),
-		perNs:   float64(r.Count) / float64(r.Per),
-		nsPer:   float64(r.Per) / float64(r.Count),
 		clock:   cfg.clock,
 		timeout: cfg.timeout,
 		seed:    maphash.MakeSeed(),
@@ -261,19 +257,20 @@ func NewHybrid(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*H
 	if h.clock == nil {
 		h.clock = throttle.SystemClock
 	}
-	h.leaseCap = max(1, burst/4)
 	if cfg.localShare.set {
-		inst := cfg.localShare.instances
-		h.leaseCap = max(1, min(h.leaseCap, burst/(2*inst)))
-		sr, sb := shareRate(r, inst, cfg.localShare.safety)
+		inst, safety := cfg.localShare.instances, cfg.localShare.safety
+		h.instances = inst
+		sr, sb := shareRate(r, inst, safety)
 		var lopts []Option
 		if cfg.clock != nil {
 			lopts = append(lopts, WithClock(cfg.clock))
 		}
+		if cfg.quotas != nil {
+			lopts = append(lopts, WithQuotas(shareQuotas(cfg.quotas, inst, safety)))
+		}
 		if h.share, err = NewLocal(sr, sb, lopts...); err != nil {
 			return nil, fmt.Errorf("bucket: hybrid: local share: %w", err)
 		}
-		h.shareMax = sb
 	}
 	if err := h.initMetrics(hc.meterProvider); err != nil {
 		return nil, err
@@ -322,20 +319,27 @@ func (h *Hybrid) Allow(ctx context.Context, key string) (throttle.Decision, erro
 // bucket cannot cover it yet. Remaining and ResetAfter are estimates from
 // the local stock and the last reply. See Hybrid for the degraded mode.
 //
+// With WithQuotas, rate, burst and Limit are the key's quota's.
+//
 // Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst,
-// before any other work; one wrapping ErrHybridClosed after Close; one
-// wrapping ctx's error if ctx ends first; otherwise, only without
+// and (WithQuotas) one wrapping throttle.ErrInvalidOption for an invalid
+// quota, before any other work; one wrapping ErrHybridClosed after Close;
+// one wrapping ctx's error if ctx ends first; otherwise, only without
 // WithLocalShare, one wrapping the Redis error or gobreaker.ErrOpenState,
 // meaning the limiter could not decide.
 func (h *Hybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
-	if n < 1 || n > h.burst {
-		return throttle.Decision{}, throttle.CheckCost(n, h.burst)
+	lim, err := h.redis.lims.of(key)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	if n < 1 || n > lim.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
 	}
 	if h.closed.Load() {
 		return throttle.Decision{}, ErrHybridClosed
 	}
 	now := h.clock.Now()
-	s, e := h.lock(key)
+	s, e := h.lock(key, lim)
 	e.observe(now, n)
 	if !h.healthAt(e.slot).down.Load() {
 		if e.stock > 0 && e.oldest(now) {
@@ -363,18 +367,25 @@ func (h *Hybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decisi
 	return h.viaRedis(ctx, s, e, n)
 }
 
-// lock returns key's shard, locked, and its state, created if needed.
-func (h *Hybrid) lock(key string) (*hybridShard, *hybridKey) {
+// lock returns key's shard, locked, and its state, created if needed,
+// under lim, the key's limits now (see requota).
+func (h *Hybrid) lock(key string, lim *keyLimits) (*hybridShard, *hybridKey) {
 	hash := maphash.String(h.seed, key)
 	s := &h.shards[hash&h.mask]
 	s.mu.Lock()
 	if e := s.last; e != nil && s.lastKey == key {
+		if e.lim.quota != lim.quota {
+			h.requota(e, lim)
+		}
 		return s, e
 	}
 	e, ok := s.lru.Get(key)
+	if ok && e.lim.quota != lim.quota {
+		h.requota(e, lim)
+	}
 	if !ok {
 		key = strings.Clone(key)
-		e = &hybridKey{key: key, shard: s, hashJitter: float64(hash>>11) / (1 << 53)}
+		e = &hybridKey{key: key, shard: s, lim: lim, hashJitter: float64(hash>>11) / (1 << 53)}
 		if h.cluster != nil {
 			e.slot = rediskey.Slot(rediskey.Key(h.redis.prefix, key))
 		}
@@ -388,7 +399,7 @@ func (h *Hybrid) lock(key string) (*hybridShard, *hybridKey) {
 // relock locks e's shard again after a wait. If e was dropped meanwhile,
 // it returns the key's current state instead.
 func (h *Hybrid) relock(e *hybridKey) (*hybridShard, *hybridKey) {
-	return h.lock(e.key)
+	return h.lock(e.key, e.lim)
 }
 
 // evicted is the LRU's eviction callback, called under s.mu: it marks e
@@ -407,11 +418,12 @@ func (h *Hybrid) evicted(s *hybridShard, e *hybridKey) {
 // redisEstimate is how many tokens the Redis bucket holds at most at now,
 // from the last reply and the refill since (others may have taken some).
 func (h *Hybrid) redisEstimate(e *hybridKey, now time.Time) float64 {
+	burst := float64(e.lim.p.burst)
 	if e.redisAt.IsZero() {
-		return float64(h.burst)
+		return burst
 	}
-	t := e.redisTokens + h.perNs*float64(now.Sub(e.redisAt))
-	return min(t, float64(h.burst))
+	t := e.redisTokens + e.lim.perNs*float64(now.Sub(e.redisAt))
+	return min(t, burst)
 }
 
 // emptyWait returns 0 if a call to Redis for need tokens is worth making
@@ -426,12 +438,12 @@ func (h *Hybrid) emptyWait(e *hybridKey, now time.Time, need int) time.Duration 
 	if missing <= 0 {
 		return 0
 	}
-	return max(throttle.CeilMillisecond(h.refillTime(missing)), time.Millisecond)
+	return max(throttle.CeilMillisecond(refillTime(e.lim, missing)), time.Millisecond)
 }
 
-// refillTime is how long the bucket takes to refill tokens (> 0).
-func (h *Hybrid) refillTime(tokens float64) time.Duration {
-	d := math.Ceil(tokens * h.nsPer)
+// refillTime is how long a bucket of lim takes to refill tokens (> 0).
+func refillTime(lim *keyLimits, tokens float64) time.Duration {
+	d := math.Ceil(tokens * lim.nsPer)
 	if d >= math.MaxInt64 {
 		return throttle.Never
 	}
@@ -442,7 +454,7 @@ func (h *Hybrid) refillTime(tokens float64) time.Duration {
 // need is worth a call: need, or up to the target lease if the refill over
 // leaseHorizon brings that many.
 func (h *Hybrid) batch(e *hybridKey, need int) float64 {
-	b := min(float64(h.target(e)), math.Floor(h.perSec*leaseHorizon.Seconds()))
+	b := min(float64(h.target(e)), math.Floor(e.lim.perSec*leaseHorizon.Seconds()))
 	return max(float64(need), b)
 }
 
@@ -453,16 +465,16 @@ func (h *Hybrid) decision(e *hybridKey, now time.Time, n int, allowed bool, retr
 	have := float64(e.stock) + est
 	d := throttle.Decision{
 		Allowed:    allowed,
-		Limit:      h.rate.Count,
-		Remaining:  min(h.burst, e.stock+int(est)),
+		Limit:      e.lim.limit,
+		Remaining:  min(e.lim.p.burst, e.stock+int(est)),
 		RetryAfter: retry,
 		Source:     throttle.SourceLocal,
 	}
 	if !allowed {
 		d.Remaining = min(d.Remaining, n-1)
 	}
-	if missing := float64(h.burst) - have; missing > 0 {
-		d.ResetAfter = throttle.CeilMillisecond(h.refillTime(missing))
+	if missing := float64(e.lim.p.burst) - have; missing > 0 {
+		d.ResetAfter = throttle.CeilMillisecond(refillTime(e.lim, missing))
 	}
 	return d
 }
@@ -505,7 +517,7 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 		c := &leaseCall{done: make(chan struct{})}
 		e.call = c
 		s.mu.Unlock()
-		g, err := h.lease(ctx, e.key, need, want)
+		g, err := h.lease(ctx, e.key, e.lim, need, want)
 		now := h.clock.Now()
 		s.mu.Lock()
 		e.call, c.err = nil, err

@@ -110,6 +110,19 @@ func shareRate(r throttle.Rate, instances int, safety float64) (throttle.Rate, i
 	return throttle.Rate{Count: 1, Per: time.Duration(per)}, 1
 }
 
+// shareQuotas returns the quotas of the local share: each key's share of
+// its quota f, as shareRate makes the limiter's own share.
+func shareQuotas(f throttle.QuotaFunc, instances int, safety float64) throttle.QuotaFunc {
+	return func(key string) throttle.Quota {
+		q := f(key)
+		if q.IsZero() || q.Rate.Validate() != nil {
+			return q // the limiter's own share, or the quota's error
+		}
+		r, b := shareRate(q.Rate, instances, safety)
+		return throttle.Quota{Rate: r, Burst: b}
+	}
+}
+
 // fallback decides when Redis could not: with the local share, or by
 // returning the error.
 func (h *Hybrid) fallback(ctx context.Context, key string, n int, err error) (throttle.Decision, error) {
@@ -117,9 +130,10 @@ func (h *Hybrid) fallback(ctx context.Context, key string, n int, err error) (th
 		h.errorsN.Add(1)
 		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: redis unavailable: %w", err)
 	}
-	if n > h.shareMax {
+	share, qerr := h.share.lims.of(key)
+	if qerr == nil && n > share.p.burst {
 		h.errorsN.Add(1)
-		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: redis unavailable and n=%d exceeds the local share of %d: %w", n, h.shareMax, err)
+		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: redis unavailable and n=%d exceeds the local share of %d: %w", n, share.p.burst, err)
 	}
 	d, derr := h.share.AllowN(ctx, key, n)
 	if derr != nil {
@@ -127,6 +141,9 @@ func (h *Hybrid) fallback(ctx context.Context, key string, n int, err error) (th
 		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: local share: %w (redis unavailable: %w)", derr, err)
 	}
 	d.Limit = h.rate.Count
+	if lim, err := h.redis.lims.of(key); err == nil {
+		d.Limit = lim.limit
+	}
 	d.Source = throttle.SourceDegraded
 	h.degradedN.Add(1)
 	a := 0

@@ -47,13 +47,23 @@ func (e *hybridKey) observe(now time.Time, n int) {
 }
 
 // target is the stock a lease tops up to: the demand over leaseHorizon,
-// between 1 and leaseCap.
+// between 1 and the key's lease cap.
 func (h *Hybrid) target(e *hybridKey) int {
 	t := math.Ceil(e.rate * leaseHorizon.Seconds())
-	if t >= float64(h.leaseCap) {
-		return h.leaseCap
+	if c := h.leaseCap(e.lim.p.burst); t >= float64(c) {
+		return c
 	}
 	return max(1, int(t))
+}
+
+// leaseCap is the most tokens a lease takes from a bucket of burst: a
+// quarter of it, and with WithLocalShare burst/(2 × instances), at least 1.
+func (h *Hybrid) leaseCap(burst int) int {
+	c := burst / 4
+	if h.instances > 0 {
+		c = min(c, burst/(2*h.instances))
+	}
+	return max(1, c)
 }
 
 // take spends n tokens of the stock, the older ones first.
@@ -112,13 +122,13 @@ func (h *Hybrid) maybeRefresh(e *hybridKey, now time.Time) {
 	c := &leaseCall{done: make(chan struct{})}
 	e.call = c
 	e.watermark = h.newWatermark(e)
-	go h.refresh(e, c, want)
+	go h.refresh(e, e.lim, c, want)
 }
 
-// refresh is the background lease of maybeRefresh.
-func (h *Hybrid) refresh(e *hybridKey, c *leaseCall, want int) {
+// refresh is the background lease of maybeRefresh, under lim.
+func (h *Hybrid) refresh(e *hybridKey, lim *keyLimits, c *leaseCall, want int) {
 	defer h.wg.Done()
-	g, err := h.lease(h.bgCtx, e.key, 1, want)
+	g, err := h.lease(h.bgCtx, e.key, lim, 1, want)
 	now := h.clock.Now()
 	s := e.shard
 	s.mu.Lock()
@@ -126,6 +136,13 @@ func (h *Hybrid) refresh(e *hybridKey, c *leaseCall, want int) {
 	close(c.done)
 	if err == nil {
 		if e.evicted {
+			s.mu.Unlock()
+			if g.granted > 0 {
+				_ = h.giveBack(h.bgCtx, e.key, g.granted)
+			}
+			return
+		}
+		if e.lim != lim { // the quota changed meanwhile: not these tokens
 			s.mu.Unlock()
 			if g.granted > 0 {
 				_ = h.giveBack(h.bgCtx, e.key, g.granted)
@@ -143,9 +160,9 @@ func (h *Hybrid) applyGrant(e *hybridKey, now time.Time, g grant) {
 	e.redisTokens, e.redisAt = g.remaining, now
 }
 
-// lease calls Redis' lease through the breaker and records it.
-func (h *Hybrid) lease(ctx context.Context, key string, least, most int) (grant, error) {
-	return h.call(ctx, opLease, key, func(ctx context.Context) (grant, error) { return h.redis.lease(ctx, key, least, most) })
+// lease calls Redis' lease under lim through the breaker and records it.
+func (h *Hybrid) lease(ctx context.Context, key string, lim *keyLimits, least, most int) (grant, error) {
+	return h.call(ctx, opLease, key, func(ctx context.Context) (grant, error) { return h.redis.lease(ctx, key, lim, least, most) })
 }
 
 // giveBack calls Redis' giveBack through the breaker and records it.

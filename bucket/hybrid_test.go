@@ -51,7 +51,7 @@ func newTestHybrid(t testing.TB, c redis.Scripter, r throttle.Rate, burst int, o
 
 // hybridStock returns key's local stock and whether a lease is in flight.
 func hybridStock(h *Hybrid, key string) (stock int, inFlight bool) {
-	s, e := h.lock(key)
+	s, e := h.lock(key, h.redis.lims.def)
 	defer s.mu.Unlock()
 	return e.stock, e.call != nil
 }
@@ -61,7 +61,7 @@ func redisTokensAt(t testing.TB, c *redis.Client, h *Hybrid, key string, at time
 	t.Helper()
 	tokens, ts := redisBucket(t, c, h, key)
 	if ts > 0 {
-		tokens += float64(at.UnixMicro()-ts) * float64(h.redis.p.count) / float64(h.redis.p.perUS)
+		tokens += float64(at.UnixMicro()-ts) * float64(h.redis.lims.def.p.count) / float64(h.redis.lims.def.p.perUS)
 	}
 	return math.Min(tokens, float64(h.burst))
 }
@@ -77,7 +77,7 @@ func redisBucket(t testing.TB, c *redis.Client, h *Hybrid, key string) (tokens f
 	require.NoError(t, err)
 	ts, err = strconv.ParseInt(v[1].(string), 10, 64)
 	require.NoError(t, err)
-	return float64(credit) / float64(h.redis.p.perUS), ts
+	return float64(credit) / float64(h.redis.lims.def.p.perUS), ts
 }
 
 // settle waits until no lease is in flight for key.
@@ -193,8 +193,8 @@ func TestHybridLeaseSizing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newTestHybrid(t, c, throttle.PerSecond(100), tt.burst, tt.opts...)
-			assert.Equal(t, tt.cap, h.leaseCap)
-			e := &hybridKey{rate: 1e9}
+			assert.Equal(t, tt.cap, h.leaseCap(tt.burst))
+			e := &hybridKey{rate: 1e9, lim: h.redis.lims.def}
 			assert.Equal(t, tt.cap, h.target(e), "high demand")
 			e.rate = 10
 			assert.Equal(t, min(2, tt.cap), h.target(e), "10/s over 150 ms")
@@ -205,9 +205,9 @@ func TestHybridLeaseSizing(t *testing.T) {
 	// replica at a different one each time.
 	h1 := newTestHybrid(t, c, throttle.PerSecond(100), 100)
 	h2 := newTestHybrid(t, c, throttle.PerSecond(100), 100)
-	s1, e1 := h1.lock("k")
+	s1, e1 := h1.lock("k", h1.redis.lims.def)
 	s1.mu.Unlock()
-	s2, e2 := h2.lock("k")
+	s2, e2 := h2.lock("k", h2.redis.lims.def)
 	s2.mu.Unlock()
 	assert.NotEqual(t, e1.hashJitter, e2.hashJitter, "per-process hash seeds")
 	seen := map[float64]bool{}

@@ -283,14 +283,14 @@ func TestLocalForgetsIDs(t *testing.T) {
 	}
 	st.mu.Lock()
 	queued = len(st.ids.queue[0].items) + len(st.ids.queue[1].items)
-	forgettable := st.forgettable(clock.Now().UnixMicro(), &l.p)
+	forgettable := st.forgettable(clock.Now().UnixMicro())
 	st.mu.Unlock()
 	if queued != 1 || forgettable {
 		t.Fatalf("%d ids queued, forgettable %v; want 1 and false (last is remembered)", queued, forgettable)
 	}
 	clock.Advance(10 * time.Millisecond)
 	st.mu.Lock()
-	forgettable = st.forgettable(clock.Now().UnixMicro(), &l.p)
+	forgettable = st.forgettable(clock.Now().UnixMicro())
 	st.mu.Unlock()
 	if !forgettable {
 		t.Fatal("full, with every id forgotten: not forgettable")

@@ -48,7 +48,7 @@ const idleChecks = 2
 // A Local is safe for concurrent use. Deciding for a key it holds
 // allocates nothing. The zero Local is not usable; call NewLocal.
 type Local struct {
-	p        params
+	lims     *quotaSet // the limiter's own and WithQuotas'
 	rate     throttle.Rate
 	clock    throttle.Clock
 	sysClock bool      // no WithClock: time is base + the monotonic time since
@@ -90,30 +90,30 @@ type localState struct {
 	dead   bool // forgotten by the LRU: look the key up again
 	credit int64
 	ts     int64
+	p      *params      // the params credit is held under (the key's quota when last written)
 	key    string       // immutable
 	moved  atomic.Int64 // µs: when it was last moved to the LRU's front
 	ids    *idSet       // AllowID's ids, made on first use; guarded by mu
-	// 64 bytes in all: one cache line, not shared with another key.
 }
 
 // NewLocal returns an in-process token bucket per key, refilling r.Count
 // tokens per r.Per up to burst (>= 1), starting full.
 //
 // Options: WithClock (default the system clock, read through its monotonic
-// reading so that steps of the wall clock do not matter); the others are
-// accepted and ignored. Errors wrap throttle.ErrInvalidOption and name the
+// reading so that steps of the wall clock do not matter), WithQuotas; the
+// others are accepted and ignored. Errors wrap throttle.ErrInvalidOption and name the
 // field: Rate.Count < 1, Rate.Per <= 0, burst < 1 (or burst × Per beyond
 // 2^53 µs), a bad option.
 func NewLocal(r throttle.Rate, burst int, opts ...Option) (*Local, error) {
-	p, err := newParams(r, burst)
-	if err != nil {
-		return nil, err
-	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	l := &Local{p: p, rate: r, clock: cfg.clock, seed: maphash.MakeSeed()}
+	lims, err := newQuotaSet(r, burst, cfg.quotas)
+	if err != nil {
+		return nil, err
+	}
+	l := &Local{lims: lims, rate: r, clock: cfg.clock, seed: maphash.MakeSeed()}
 	l.fnvSeed = maphash.Comparable(l.seed, 0) | 1
 	if l.clock == nil {
 		l.clock, l.sysClock = throttle.SystemClock, true
@@ -140,7 +140,7 @@ func NewLocal(r throttle.Rate, burst int, opts ...Option) (*Local, error) {
 func (l *Local) Rate() throttle.Rate { return l.rate }
 
 // Burst returns the capacity, in tokens.
-func (l *Local) Burst() int { return l.p.burst }
+func (l *Local) Burst() int { return l.lims.def.p.burst }
 
 // Algorithm returns "token_bucket".
 func (l *Local) Algorithm() string { return algorithm }
@@ -157,14 +157,21 @@ func (l *Local) Allow(ctx context.Context, key string) (throttle.Decision, error
 // until the bucket is full again. The Decision's Source is
 // throttle.SourceLocal.
 //
-// The only error wraps throttle.ErrInvalidCost, for n < 1 or n > burst.
-// ctx is unused.
+// With WithQuotas, rate, burst and Limit are the key's quota's.
+//
+// Errors: one wrapping throttle.ErrInvalidCost, for n < 1 or n > burst;
+// with WithQuotas, one wrapping throttle.ErrInvalidOption for an invalid
+// quota. ctx is unused.
 func (l *Local) AllowN(_ context.Context, key string, n int) (throttle.Decision, error) {
-	if n < 1 || n > l.p.burst {
-		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
+	lim, err := l.lims.of(key)
+	if err != nil {
+		return throttle.Decision{}, err
 	}
-	allowed, credit := l.take(key, n, l.now())
-	return l.p.decision(allowed, n, credit, l.rate.Count, throttle.SourceLocal), nil
+	if n < 1 || n > lim.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
+	}
+	allowed, credit := l.take(key, n, &lim.p, l.now())
+	return lim.p.decision(allowed, n, credit, lim.limit, throttle.SourceLocal), nil
 }
 
 // now returns the current instant in µs since the Unix epoch.
@@ -177,37 +184,48 @@ func (l *Local) now() int64 {
 	return l.clock.Now().UnixMicro()
 }
 
-// locked returns key's bucket, locked, looking it up (and adding a full
-// one) as needed, and again if the LRU forgot it meanwhile.
-func (l *Local) locked(key string, now int64) *localState {
+// locked returns key's bucket, locked, looking it up (and adding one
+// full under p) as needed, and again if the LRU forgot it meanwhile.
+func (l *Local) locked(key string, now int64, p *params) *localState {
 	s := &l.shards[l.shardOf(key)]
 	st := s.last.Load()
 	if st == nil || st.key != key {
-		st = s.lookup(key, now, &l.p)
+		st = s.lookup(key, now, p)
 	}
 	st.mu.Lock()
 	for st.dead {
 		st.mu.Unlock()
-		st = s.lookup(key, now, &l.p)
+		st = s.lookup(key, now, p)
 		st.mu.Lock()
 	}
 	return st
 }
 
-// take is the algorithm at the instant now (µs): it reports whether n
-// tokens were taken, and the credit left (admitted) or there (rejected).
-func (l *Local) take(key string, n int, now int64) (bool, int64) {
-	st := l.locked(key, now)
-	credit, ts := l.p.refill(st.credit, st.ts, now)
-	need := int64(n) * l.p.perUS
+// take is the algorithm at the instant now (µs), under p (the key's
+// params): it reports whether n tokens were taken, and the credit left
+// (admitted) or there (rejected).
+func (l *Local) take(key string, n int, p *params, now int64) (bool, int64) {
+	st := l.locked(key, now, p)
+	credit, ts := st.refill(p, now)
+	need := int64(n) * p.perUS
 	if credit < need {
 		st.mu.Unlock()
 		return false, credit
 	}
 	credit -= need
-	st.credit, st.ts = credit, ts
+	st.credit, st.ts, st.p = credit, ts, p
 	st.mu.Unlock()
 	return true, credit
+}
+
+// refill is p.refill of st's credit, converted to p's if the key's quota
+// changed since it was written (see WithQuotas). The caller holds st.mu.
+func (st *localState) refill(p *params, now int64) (int64, int64) {
+	credit := st.credit
+	if st.p != p {
+		credit = p.convert(credit, st.p)
+	}
+	return p.refill(credit, st.ts, now)
 }
 
 // shardOf returns the index of key's shard: FNV-1a from a random seed for
@@ -255,7 +273,7 @@ func (s *localShard) add(key string, now int64, p *params) *localState {
 			break
 		}
 		old.mu.Lock()
-		full := old.forgettable(now, p)
+		full := old.forgettable(now)
 		// Marked under its lock, so nobody takes from it once found full.
 		old.dead = full
 		old.mu.Unlock()
@@ -264,7 +282,7 @@ func (s *localShard) add(key string, now int64, p *params) *localState {
 		}
 		s.lru.RemoveOldest()
 	}
-	st := &localState{credit: p.cap, ts: now, key: strings.Clone(key)}
+	st := &localState{credit: p.cap, ts: now, p: p, key: strings.Clone(key)}
 	s.lru.Add(st.key, st) // may evict the least recently used: see Local
 	return st
 }

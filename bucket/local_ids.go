@@ -35,55 +35,60 @@ import (
 //
 // Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst, and
 // one wrapping throttle.ErrInvalidOption (naming "horizon") for horizon <
-// 0. ctx is unused. AllowID allocates when it records a new id.
+// 0, or (WithQuotas) for an invalid quota. ctx is unused. AllowID
+// allocates when it records a new id.
 func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
-	if n < 1 || n > l.p.burst {
-		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
+	lim, err := l.lims.of(key)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	if n < 1 || n > lim.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
 	}
 	if horizon < 0 {
 		return throttle.Decision{}, errHorizon(horizon)
 	}
 	now := l.now()
-	st := l.locked(key, now)
-	d := l.decideID(st, now, n, id, horizonMicros(horizon))
+	st := l.locked(key, now, &lim.p)
+	d := decideID(st, lim, now, n, id, horizonMicros(horizon))
 	st.mu.Unlock()
 	return d, nil
 }
 
-// decideID is AllowID's algorithm at the instant now (µs), on st, locked;
-// bucket_id.lua is its twin.
-func (l *Local) decideID(st *localState, now int64, n int, id string, horizon int64) throttle.Decision {
-	p := &l.p
-	credit, ts := p.refill(st.credit, st.ts, now)
+// decideID is AllowID's algorithm at the instant now (µs), on st, locked,
+// under the key's limits; bucket_id.lua is its twin.
+func decideID(st *localState, lim *keyLimits, now int64, n int, id string, horizon int64) throttle.Decision {
+	p, limit := &lim.p, lim.limit
+	credit, ts := st.refill(p, now)
 	now = ts // a clock behind the bucket's time counts as no time passing
 	if ids := st.ids; ids != nil {
 		ids.forget(now - p.memUS)
 		if r, ok := ids.m[id]; ok {
 			switch {
 			case !r.reserved:
-				return p.decision(true, n, credit, l.rate.Count, throttle.SourceLocal)
+				return p.decision(true, n, credit, limit, throttle.SourceLocal)
 			case r.at > now:
-				d := p.decision(false, n, credit, l.rate.Count, throttle.SourceLocal)
+				d := p.decision(false, n, credit, limit, throttle.SourceLocal)
 				d.RetryAfter, d.Reserved = micros(r.at-now), true
 				return d
 			}
 			ids.add(id, now, false, p.memUS) // admitted on its reservation
-			return p.decision(true, n, credit, l.rate.Count, throttle.SourceLocal)
+			return p.decision(true, n, credit, limit, throttle.SourceLocal)
 		}
 	}
 	if need := int64(n) * p.perUS; credit >= need {
 		credit -= need
-		st.credit, st.ts = credit, ts
+		st.credit, st.ts, st.p = credit, ts, p
 		st.idSet().add(id, now, false, p.memUS)
-		return p.decision(true, n, credit, l.rate.Count, throttle.SourceLocal)
+		return p.decision(true, n, credit, limit, throttle.SourceLocal)
 	}
 	wait, after, ok := p.reservation(n, credit, horizon)
 	if !ok {
-		return p.decision(false, n, credit, l.rate.Count, throttle.SourceLocal)
+		return p.decision(false, n, credit, limit, throttle.SourceLocal)
 	}
-	st.credit, st.ts = after, ts
+	st.credit, st.ts, st.p = after, ts, p
 	st.idSet().add(id, now+wait, true, p.memUS)
-	d := p.decision(false, n, after, l.rate.Count, throttle.SourceLocal)
+	d := p.decision(false, n, after, limit, throttle.SourceLocal)
 	d.RetryAfter, d.Reserved = micros(wait), true
 	return d
 }
@@ -98,11 +103,11 @@ func (st *localState) idSet() *idSet {
 }
 
 // forgettable reports whether st may be forgotten at now: its bucket is
-// full again and every id it remembers is forgotten. The caller holds
-// st.mu.
-func (st *localState) forgettable(now int64, p *params) bool {
-	c, _ := p.refill(st.credit, st.ts, now)
-	return c >= p.cap && (st.ids == nil || st.ids.until <= now)
+// full again (under the params it was written with) and every id it
+// remembers is forgotten. The caller holds st.mu.
+func (st *localState) forgettable(now int64) bool {
+	c, _ := st.p.refill(st.credit, st.ts, now)
+	return c >= st.p.cap && (st.ids == nil || st.ids.until <= now)
 }
 
 // idSet is the ids one key's bucket remembers: each with the instant (µs)

@@ -34,6 +34,7 @@ type config struct {
 	// estimate (tests: nil means throttle.SystemClock).
 	server      bool
 	serverLocal throttle.Clock
+	quotas      throttle.QuotaFunc // WithQuotas; nil: the limiter's own for every key
 }
 
 const (

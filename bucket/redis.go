@@ -61,16 +61,13 @@ var (
 type Redis struct {
 	client  redis.Scripter
 	rate    throttle.Rate
-	p       params
+	lims    *quotaSet // the limiter's own and WithQuotas'
 	prefix  string
 	clock   throttle.Clock    // nil: Redis TIME
 	server  *redisclock.Clock // WithServerClock: clock is it; nil otherwise
 	timeout time.Duration
 
-	// ARGV, formatted and boxed once.
-	argPer, argCount, argCap any
-	argMaxDebt, argMem       any   // AllowID's: maxDebt and memUS (see params)
-	argInt                   []any // argInt[i] = strconv.Itoa(i), for small i
+	argInt []any // argInt[i] = strconv.Itoa(i), for small i
 }
 
 // maxArgInt bounds the precomputed small-integer arguments.
@@ -93,11 +90,11 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
 	}
-	p, err := newParams(r, burst)
+	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(opts)
+	lims, err := newQuotaSet(r, burst, cfg.quotas)
 	if err != nil {
 		return nil, err
 	}
@@ -105,18 +102,13 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 		return nil, err
 	}
 	l := &Redis{
-		client:     c,
-		rate:       r,
-		p:          p,
-		prefix:     cfg.prefix,
-		clock:      cfg.clock,
-		timeout:    cfg.timeout,
-		argPer:     strconv.FormatInt(p.perUS, 10),
-		argCount:   strconv.FormatInt(p.count, 10),
-		argCap:     strconv.FormatInt(p.cap, 10),
-		argMaxDebt: strconv.FormatInt(p.maxDebt, 10),
-		argMem:     strconv.FormatInt(p.memUS, 10),
-		argInt:     make([]any, min(burst, maxArgInt)+1),
+		client:  c,
+		rate:    r,
+		lims:    lims,
+		prefix:  cfg.prefix,
+		clock:   cfg.clock,
+		timeout: cfg.timeout,
+		argInt:  make([]any, maxArgInt+1),
 	}
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
@@ -139,7 +131,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 func (l *Redis) Rate() throttle.Rate { return l.rate }
 
 // Burst returns the capacity, in tokens.
-func (l *Redis) Burst() int { return l.p.burst }
+func (l *Redis) Burst() int { return l.lims.def.p.burst }
 
 // Algorithm returns "token_bucket".
 func (l *Redis) Algorithm() string { return algorithm }
@@ -159,19 +151,26 @@ func (l *Redis) Allow(ctx context.Context, key string) (throttle.Decision, error
 // Every key is usable, including "" and binary or very long keys: the key
 // is escaped into a Redis Cluster hash tag (see the package documentation).
 //
+// With WithQuotas, rate, burst and Limit are the key's quota's.
+//
 // Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst,
-// returned before any Redis call; otherwise a Redis or context error
-// (including the WithTimeout deadline), wrapped as "bucket: redis: ...",
-// meaning the limiter could not decide.
+// and (WithQuotas) one wrapping throttle.ErrInvalidOption for an invalid
+// quota, returned before any Redis call; otherwise a Redis or context
+// error (including the WithTimeout deadline), wrapped as "bucket: redis:
+// ...", meaning the limiter could not decide.
 func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
-	if n < 1 || n > l.p.burst {
-		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
-	}
-	granted, credit, err := l.take(ctx, key, n, n)
+	lim, err := l.lims.of(key)
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	return l.p.decision(granted > 0, n, credit, l.rate.Count, throttle.SourceRedis), nil
+	if n < 1 || n > lim.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
+	}
+	granted, credit, err := l.take(ctx, key, lim, n, n)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	return lim.p.decision(granted > 0, n, credit, lim.limit, throttle.SourceRedis), nil
 }
 
 // grant is the result of a lease call.
@@ -192,52 +191,54 @@ type grant struct {
 // Redis is not called. Other errors are Redis or context errors wrapped as
 // "bucket: redis: ...": then nothing is known to have been taken (a
 // timeout may still have taken tokens that are then lost until refill).
-func (l *Redis) lease(ctx context.Context, key string, min, max int) (grant, error) {
-	if min < 1 || min > l.p.burst {
-		return grant{}, throttle.CheckCost(min, l.p.burst)
+func (l *Redis) lease(ctx context.Context, key string, lim *keyLimits, min, max int) (grant, error) {
+	p := &lim.p
+	if min < 1 || min > p.burst {
+		return grant{}, throttle.CheckCost(min, p.burst)
 	}
 	if max < min {
 		return grant{}, fmt.Errorf("%w: lease max=%d is below min=%d", throttle.ErrInvalidCost, max, min)
 	}
-	max = minInt(max, l.p.burst)
-	granted, credit, err := l.take(ctx, key, min, max)
+	max = minInt(max, p.burst)
+	granted, credit, err := l.take(ctx, key, lim, min, max)
 	if err != nil {
 		return grant{}, err
 	}
 	g := grant{
 		granted:    granted,
-		remaining:  float64(credit) / float64(l.p.perUS),
-		resetAfter: micros(l.p.waitUS(l.p.cap, credit)),
+		remaining:  float64(credit) / float64(p.perUS),
+		resetAfter: micros(p.waitUS(p.cap, credit)),
 	}
 	if granted == 0 {
-		g.retryAfter = maxDuration(micros(l.p.waitUS(int64(min)*l.p.perUS, credit)), time.Millisecond)
+		g.retryAfter = maxDuration(micros(p.waitUS(int64(min)*p.perUS, credit)), time.Millisecond)
 	}
 	return g, nil
 }
 
-// giveBack returns n unused tokens to key's Redis bucket, capped at burst,
+// giveBack returns n unused tokens to key's Redis bucket, capped at the
+// burst of the key's quota now (see WithQuotas),
 // without moving its refill timeline: the bucket is as if those tokens had
 // never been taken (a bucket that is gone, i.e. full, stays full). One
 // round trip (giveback.lua), bounded by the WithTimeout deadline. n < 1 is
 // a no-op; n beyond burst is treated as burst. Errors are Redis or context
 // errors wrapped as "bucket: redis: ...".
 func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
-	if n < 1 {
-		return nil
+	lim, err := l.lims.of(key)
+	if n < 1 || err != nil {
+		return err // an invalid quota: the tokens are lost until refill
 	}
-	n = minInt(n, l.p.burst)
+	n = minInt(n, lim.p.burst)
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	if err := l.ready(ctx); err != nil {
 		return err
 	}
 	keys := []string{rediskey.Key(l.prefix, key)}
-	var err error
 	if l.clock == nil {
-		err = giveBackScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n)).Err()
+		err = giveBackScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n)).Err()
 	} else {
 		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		err = giveBackScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n), now).Err()
+		err = giveBackScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), now).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
@@ -261,9 +262,9 @@ func maxDuration(a, b time.Duration) time.Duration {
 
 var errReply = errors.New("bucket: redis: unexpected script reply")
 
-// take runs bucket.lua: it returns the tokens taken (0 or min..max) and
-// the credit left (or there, when nothing was taken).
-func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, error) {
+// take runs bucket.lua under key's limits: it returns the tokens taken (0
+// or min..max) and the credit left (or there, when nothing was taken).
+func (l *Redis) take(ctx context.Context, key string, lim *keyLimits, min, max int) (int, int64, error) {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	if err := l.ready(ctx); err != nil {
@@ -272,10 +273,10 @@ func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64,
 	keys := []string{rediskey.Key(l.prefix, key)}
 	var cmd *redis.Cmd
 	if l.clock == nil {
-		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max))
+		cmd = takeScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(min), l.arg(max))
 	} else {
 		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max), now)
+		cmd = takeScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(min), l.arg(max), now)
 	}
 	res, err := cmd.Result()
 	if err != nil {
@@ -287,7 +288,7 @@ func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64,
 	}
 	granted, ok1 := vals[0].(int64)
 	credit, ok2 := vals[1].(int64)
-	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < -l.p.maxDebt || credit > l.p.cap {
+	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < -lim.p.maxDebt || credit > lim.p.cap {
 		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
 	}
 	return int(granted), credit, nil

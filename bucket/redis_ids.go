@@ -56,13 +56,17 @@ const idsSuffix = ":ids"
 //
 // Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst, and
 // one wrapping throttle.ErrInvalidOption (naming "horizon") for horizon <
-// 0, both before any Redis call; otherwise a Redis or context error
+// 0 or (WithQuotas) an invalid quota, both before any Redis call; otherwise a Redis or context error
 // (including the WithTimeout deadline), wrapped as "bucket: redis: ...".
 // After such an error the request may or may not have been decided:
 // presenting the same id again never charges it twice.
 func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
-	if n < 1 || n > l.p.burst {
-		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
+	lim, err := l.lims.of(key)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	if n < 1 || n > lim.p.burst {
+		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
 	}
 	if horizon < 0 {
 		return throttle.Decision{}, errHorizon(horizon)
@@ -77,10 +81,10 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	h := strconv.FormatInt(horizonMicros(horizon), 10)
 	var cmd *redis.Cmd
 	if l.clock == nil {
-		cmd = idScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n), id, h, l.argMaxDebt, l.argMem)
+		cmd = idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem)
 	} else {
 		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		cmd = idScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n), id, h, l.argMaxDebt, l.argMem, now)
+		cmd = idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, now)
 	}
 	res, err := cmd.Result()
 	if err != nil {
@@ -97,10 +101,10 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 		}
 	}
 	allowed, credit, wait, reserved := v[0] == 1, v[1], v[2], v[3] == 1
-	if credit < -l.p.maxDebt || credit > l.p.cap || wait < 0 {
+	if credit < -lim.p.maxDebt || credit > lim.p.cap || wait < 0 {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
-	d := l.p.decision(allowed, n, credit, l.rate.Count, throttle.SourceRedis)
+	d := lim.p.decision(allowed, n, credit, lim.limit, throttle.SourceRedis)
 	if !allowed {
 		d.RetryAfter = max(micros(wait), time.Millisecond)
 		d.Reserved = reserved

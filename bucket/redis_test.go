@@ -71,7 +71,7 @@ func TestRedisKeyLayout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]string{"tokens": "2000000", "ts": "1767323045000000"}
+		want := map[string]string{"tokens": "2000000", "ts": "1767323045000000", "per": "1000000"}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("key %.40q: HGETALL %q = %v, want %v", id, key, got, want)
 		}
@@ -144,7 +144,7 @@ func TestRedisRejectionWritesNothing(t *testing.T) {
 		if d, err := l.AllowN(ctx, "k", 1); err != nil || d.Allowed {
 			t.Fatalf("at %v: AllowN = %+v, %v; want rejected", at, d, err)
 		}
-		if _, err := l.lease(ctx, "k", 1, 2); err != nil {
+		if _, err := l.lease(ctx, "k", l.lims.def, 1, 2); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -197,7 +197,7 @@ func TestRedisBadCostNoCall(t *testing.T) {
 		}
 	}
 	for _, mm := range [][2]int{{0, 1}, {4, 4}, {2, 1}} {
-		if _, err := l.lease(context.Background(), "k", mm[0], mm[1]); !errors.Is(err, throttle.ErrInvalidCost) {
+		if _, err := l.lease(context.Background(), "k", l.lims.def, mm[0], mm[1]); !errors.Is(err, throttle.ErrInvalidCost) {
 			t.Fatalf("lease(%d, %d) = %v, want ErrInvalidCost", mm[0], mm[1], err)
 		}
 	}
@@ -213,7 +213,7 @@ func TestRedisLease(t *testing.T) {
 	ctx := ctxT(t)
 	lease := func(key string, min, max int, want grant) {
 		t.Helper()
-		got, err := l.lease(ctx, key, min, max)
+		got, err := l.lease(ctx, key, l.lims.def, min, max)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,7 +276,7 @@ func TestRedisLease(t *testing.T) {
 func TestRedisGiveBackServerTime(t *testing.T) {
 	l, client := newTestRedis(t, throttle.PerHour(10), 10) // no refill to speak of
 	ctx := ctxT(t)
-	g, err := l.lease(ctx, "k", 5, 10)
+	g, err := l.lease(ctx, "k", l.lims.def, 5, 10)
 	if err != nil || g.granted != 10 {
 		t.Fatalf("lease = %+v, %v", g, err)
 	}
