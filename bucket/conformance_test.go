@@ -1,6 +1,8 @@
 package bucket
 
 import (
+	"context"
+
 	"testing"
 
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
@@ -91,5 +93,47 @@ func TestRedisQuotas(t *testing.T) {
 			t.Fatal(err)
 		}
 		return l
+	})
+}
+
+func TestLocalPeekReset(t *testing.T) {
+	throttletest.RunPeekReset(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttletest.PeekResetter {
+		l, err := NewLocal(r, r.Count, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+func TestRedisPeekReset(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPeekReset(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttletest.PeekResetter {
+		l, err := NewRedis(client, r, r.Count, WithClock(c), WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
+}
+
+// settledHybrid is a Hybrid whose AllowN returns once no lease is in
+// flight for the key, so that a background refresh cannot land between a
+// Peek and the next decision of a table.
+type settledHybrid struct {
+	*Hybrid
+	t *testing.T
+}
+
+func (h settledHybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
+	d, err := h.Hybrid.AllowN(ctx, key, n)
+	settle(h.t, h.Hybrid, key)
+	return d, err
+}
+
+func TestHybridPeekReset(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPeekReset(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttletest.PeekResetter {
+		return settledHybrid{newTestHybrid(t, client, r, r.Count, WithClock(c)), t}
 	})
 }

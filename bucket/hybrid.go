@@ -344,7 +344,7 @@ func (h *Hybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decisi
 	if !h.healthAt(e.slot).down.Load() {
 		if e.stock > 0 && e.oldest(now) {
 			if k := e.dropOld(now); k > 0 {
-				h.giveBackAsync(e.key, k)
+				h.giveBackAsync(e.key, e.lim, k)
 			}
 		}
 		if e.stock >= n {
@@ -411,7 +411,7 @@ func (h *Hybrid) evicted(s *hybridShard, e *hybridKey) {
 	}
 	if k := e.stock; k > 0 {
 		e.stock, e.fresh = 0, 0
-		h.giveBackAsync(e.key, k)
+		h.giveBackAsync(e.key, e.lim, k)
 	}
 }
 
@@ -530,10 +530,10 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 			}
 			return h.fallback(ctx, e.key, n, err)
 		}
-		if e.evicted { // dropped meanwhile: return the tokens and retry
+		if e.evicted || e.lim.quota != g.lim.quota { // dropped or requota'd meanwhile: return the tokens and retry
 			s.mu.Unlock()
 			if g.granted > 0 {
-				h.giveBackAsync(e.key, g.granted)
+				h.giveBackAsync(e.key, g.lim, g.granted)
 			}
 			s, e = h.relock(e)
 			continue

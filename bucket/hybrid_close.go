@@ -83,6 +83,7 @@ func (h *Hybrid) Close(ctx context.Context) error {
 	}
 	type unused struct {
 		key string
+		lim *keyLimits
 		n   int
 	}
 	var all []unused
@@ -91,7 +92,7 @@ func (h *Hybrid) Close(ctx context.Context) error {
 		s.mu.Lock()
 		for _, e := range s.lru.Values() {
 			if e.stock > 0 {
-				all = append(all, unused{e.key, e.stock})
+				all = append(all, unused{e.key, e.lim, e.stock})
 				e.stock, e.fresh = 0, 0
 			}
 		}
@@ -102,7 +103,7 @@ func (h *Hybrid) Close(ctx context.Context) error {
 	for _, u := range all {
 		err := ctx.Err()
 		if err == nil {
-			err = h.giveBack(ctx, u.key, u.n)
+			err = h.giveBack(ctx, u.key, u.lim, u.n)
 		}
 		if err != nil {
 			failed++

@@ -249,7 +249,7 @@ func (h *Hybrid) bounded(ctx context.Context, op int, key string, f func(context
 			return
 		}
 		if op == opLease && err == nil && g.granted > 0 {
-			_ = h.redis.giveBack(h.bgCtx, key, g.granted)
+			_ = h.redis.giveBack(h.bgCtx, key, g.lim, g.granted)
 		}
 	}()
 	select {

@@ -135,17 +135,10 @@ func (h *Hybrid) refresh(e *hybridKey, lim *keyLimits, c *leaseCall, want int) {
 	e.call, c.err = nil, err
 	close(c.done)
 	if err == nil {
-		if e.evicted {
+		if e.evicted || e.lim.quota != lim.quota { // dropped, or the quota changed meanwhile
 			s.mu.Unlock()
 			if g.granted > 0 {
-				_ = h.giveBack(h.bgCtx, e.key, g.granted)
-			}
-			return
-		}
-		if e.lim != lim { // the quota changed meanwhile: not these tokens
-			s.mu.Unlock()
-			if g.granted > 0 {
-				_ = h.giveBack(h.bgCtx, e.key, g.granted)
+				_ = h.giveBack(h.bgCtx, e.key, lim, g.granted)
 			}
 			return
 		}
@@ -166,21 +159,21 @@ func (h *Hybrid) lease(ctx context.Context, key string, lim *keyLimits, least, m
 }
 
 // giveBack calls Redis' giveBack through the breaker and records it.
-func (h *Hybrid) giveBack(ctx context.Context, key string, n int) error {
-	_, err := h.call(ctx, opGiveBack, key, func(ctx context.Context) (grant, error) { return grant{}, h.redis.giveBack(ctx, key, n) })
+func (h *Hybrid) giveBack(ctx context.Context, key string, lim *keyLimits, n int) error {
+	_, err := h.call(ctx, opGiveBack, key, func(ctx context.Context) (grant, error) { return grant{}, h.redis.giveBack(ctx, key, lim, n) })
 	return err
 }
 
 // giveBackAsync returns n tokens of key in the background. After Close has
 // begun they are dropped instead: the bucket then under-admits, never
 // over-admits.
-func (h *Hybrid) giveBackAsync(key string, n int) {
+func (h *Hybrid) giveBackAsync(key string, lim *keyLimits, n int) {
 	if !h.track() {
 		return
 	}
 	go func() {
 		defer h.wg.Done()
-		if err := h.giveBack(h.bgCtx, key, n); err != nil && h.log != nil && !isCallerDone(err) {
+		if err := h.giveBack(h.bgCtx, key, lim, n); err != nil && h.log != nil && !isCallerDone(err) {
 			h.log.LogAttrs(context.Background(), slog.LevelDebug, "bucket: hybrid: returning unused tokens failed",
 				slog.Int("tokens", n), slog.Any("error", err))
 		}

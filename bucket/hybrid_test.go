@@ -51,8 +51,13 @@ func newTestHybrid(t testing.TB, c redis.Scripter, r throttle.Rate, burst int, o
 
 // hybridStock returns key's local stock and whether a lease is in flight.
 func hybridStock(h *Hybrid, key string) (stock int, inFlight bool) {
-	s, e := h.lock(key, h.redis.lims.def)
+	s := h.shardOf(key)
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	e, ok := s.lru.Peek(key)
+	if !ok {
+		return 0, false
+	}
 	return e.stock, e.call != nil
 }
 

@@ -175,6 +175,7 @@ func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decisio
 
 // grant is the result of a lease call.
 type grant struct {
+	lim        *keyLimits    // the limits the tokens were taken under
 	granted    int           // tokens taken (0..max)
 	remaining  float64       // tokens left in the Redis bucket after the call
 	retryAfter time.Duration // when granted < min: time until min tokens will be there (ms, rounded up, > 0); else 0
@@ -205,6 +206,7 @@ func (l *Redis) lease(ctx context.Context, key string, lim *keyLimits, min, max 
 		return grant{}, err
 	}
 	g := grant{
+		lim:        lim,
 		granted:    granted,
 		remaining:  float64(credit) / float64(p.perUS),
 		resetAfter: micros(p.waitUS(p.cap, credit)),
@@ -215,17 +217,21 @@ func (l *Redis) lease(ctx context.Context, key string, lim *keyLimits, min, max 
 	return g, nil
 }
 
-// giveBack returns n unused tokens to key's Redis bucket, capped at the
-// burst of the key's quota now (see WithQuotas),
-// without moving its refill timeline: the bucket is as if those tokens had
-// never been taken (a bucket that is gone, i.e. full, stays full). One
-// round trip (giveback.lua), bounded by the WithTimeout deadline. n < 1 is
-// a no-op; n beyond burst is treated as burst. Errors are Redis or context
-// errors wrapped as "bucket: redis: ...".
-func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
-	lim, err := l.lims.of(key)
-	if n < 1 || err != nil {
-		return err // an invalid quota: the tokens are lost until refill
+// giveBack returns n unused tokens, taken under lim, to key's Redis
+// bucket, capped at burst, without moving its refill timeline: the bucket
+// is as if those tokens had never been taken (a bucket that is gone, i.e.
+// full, stays full). If the key's quota is no longer lim's (WithQuotas),
+// the tokens are dropped instead: they were taken under the old quota, and
+// returning them would add them to the new one. One round trip
+// (giveback.lua), bounded by the WithTimeout deadline. n < 1 is a no-op;
+// n beyond burst is treated as burst. Errors are Redis or context errors
+// wrapped as "bucket: redis: ...".
+func (l *Redis) giveBack(ctx context.Context, key string, lim *keyLimits, n int) error {
+	if n < 1 {
+		return nil
+	}
+	if cur, err := l.lims.of(key); err != nil || cur.quota != lim.quota {
+		return nil
 	}
 	n = minInt(n, lim.p.burst)
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
@@ -234,6 +240,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
 		return err
 	}
 	keys := []string{rediskey.Key(l.prefix, key)}
+	var err error
 	if l.clock == nil {
 		err = giveBackScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n)).Err()
 	} else {

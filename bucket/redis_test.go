@@ -177,7 +177,7 @@ func TestRedisNoScript(t *testing.T) {
 	if err := client.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.giveBack(ctx, "k", 1); err != nil {
+	if err := l.giveBack(ctx, "k", l.lims.def, 1); err != nil {
 		t.Fatalf("giveBack after SCRIPT FLUSH: %v", err)
 	}
 }
@@ -217,7 +217,7 @@ func TestRedisLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got != want {
+		if got.lim = nil; got != want {
 			t.Fatalf("lease(%q, %d, %d) at %v = %+v, want %+v", key, min, max, clock.Now().Sub(throttletest.T0), got, want)
 		}
 	}
@@ -234,7 +234,7 @@ func TestRedisLease(t *testing.T) {
 	// giveBack does not move the refill timeline: tokens stored at the
 	// last admission (250ms) grow by n, and refill still counts from there.
 	clock.Advance(30 * ms) // 280ms: 0.8 tokens
-	if err := l.giveBack(ctx, "a", 3); err != nil {
+	if err := l.giveBack(ctx, "a", l.lims.def, 3); err != nil {
 		t.Fatal(err)
 	}
 	lease("a", 1, 10, grant{granted: 3, remaining: 0.8, resetAfter: 920 * ms})
@@ -242,7 +242,7 @@ func TestRedisLease(t *testing.T) {
 	if ttl > 920*ms || ttl < 870*ms {
 		t.Fatalf("PTTL after lease = %v, want about 920ms", ttl)
 	}
-	if err := l.giveBack(ctx, "a", 2); err != nil {
+	if err := l.giveBack(ctx, "a", l.lims.def, 2); err != nil {
 		t.Fatal(err)
 	}
 	if ttl := client.PTTL(ctx, rediskey.Key(l.prefix, "a")).Val(); ttl > 720*ms || ttl < 670*ms {
@@ -251,7 +251,7 @@ func TestRedisLease(t *testing.T) {
 
 	// Giving back more than is missing caps at burst: the key is full, so
 	// it is deleted, which reads the same.
-	if err := l.giveBack(ctx, "a", 100); err != nil {
+	if err := l.giveBack(ctx, "a", l.lims.def, 100); err != nil {
 		t.Fatal(err)
 	}
 	if n := client.Exists(ctx, rediskey.Key(l.prefix, "a")).Val(); n != 0 {
@@ -260,13 +260,13 @@ func TestRedisLease(t *testing.T) {
 	lease("a", 10, 10, grant{granted: 10, remaining: 0, resetAfter: time.Second})
 
 	// A missing key is full and stays missing.
-	if err := l.giveBack(ctx, "missing", 3); err != nil {
+	if err := l.giveBack(ctx, "missing", l.lims.def, 3); err != nil {
 		t.Fatal(err)
 	}
 	if n := client.Exists(ctx, rediskey.Key(l.prefix, "missing")).Val(); n != 0 {
 		t.Fatal("giveBack created a key")
 	}
-	if err := l.giveBack(ctx, "missing", 0); err != nil {
+	if err := l.giveBack(ctx, "missing", l.lims.def, 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -280,7 +280,7 @@ func TestRedisGiveBackServerTime(t *testing.T) {
 	if err != nil || g.granted != 10 {
 		t.Fatalf("lease = %+v, %v", g, err)
 	}
-	if err := l.giveBack(ctx, "k", 4); err != nil {
+	if err := l.giveBack(ctx, "k", l.lims.def, 4); err != nil {
 		t.Fatal(err)
 	}
 	if ttl := client.PTTL(ctx, rediskey.Key(l.prefix, "k")).Val(); ttl > 36*time.Minute || ttl < 35*time.Minute {
@@ -376,7 +376,7 @@ func TestRedisTimeout(t *testing.T) {
 			t.Fatalf("AllowN on a paused server took %v, want <= %v", took, timeout+20*time.Millisecond)
 		}
 		start = time.Now()
-		if err := l.giveBack(context.Background(), "k", 1); err == nil {
+		if err := l.giveBack(context.Background(), "k", l.lims.def, 1); err == nil {
 			t.Fatal("giveBack on a paused server: no error")
 		}
 		if took := time.Since(start); took > timeout+20*time.Millisecond {

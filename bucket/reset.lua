@@ -1,0 +1,7 @@
+-- reset.lua: forget one key of a token bucket (Reset).
+--
+-- KEYS[1]  the bucket's hash {tokens, ts, per}.
+-- KEYS[2]  the key's ids set (see bucket_id.lua).
+--
+-- Returns the number of keys deleted (0 for an unknown key).
+return redis.call("DEL", KEYS[1], KEYS[2])
