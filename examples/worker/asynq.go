@@ -40,7 +40,7 @@ type asynqSide struct {
 	client *asynq.Client
 	srv    *asynq.Server
 	insp   *asynq.Inspector
-	lim    *tenantLimiter
+	lim    *recordingLimiter
 	rec    *recorder
 	tracer trace.Tracer
 	work   time.Duration // -work: how long every handler takes
@@ -59,7 +59,7 @@ type asynqSide struct {
 //
 // inf, when not nil, limits the handlers of a tenant running at once; each
 // takes work.
-func startAsynq(ctx context.Context, redisURL, queue string, lim *tenantLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations, work time.Duration, cl *closers) (*asynqSide, error) {
+func startAsynq(ctx context.Context, redisURL, queue string, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations, work time.Duration, cl *closers) (*asynqSide, error) {
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", err)

@@ -105,27 +105,22 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
-	defRate, err := throttle.ParseRate(cfg.Rate)
-	if err != nil {
-		return fmt.Errorf("-rate: %w", err)
-	}
-	rateOf := func(tenant string) throttle.Rate {
-		if r, ok := jf.Rates[tenant]; ok {
-			return r
-		}
-		return defRate
-	}
 	spec, err := parseLimiterSpec(cfg.Limiter, cfg.Burst, cfg.RedisURL)
 	if err != nil {
 		return err
 	}
+	q, err := loadQuotas(cfg, jf)
+	if err != nil {
+		return err
+	}
+	q.hashKey = cfg.KeyPrefix + "quotas"
 	var cl closers
 	defer cl.run()
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
 	if err != nil {
 		return err
 	}
-	lim, _, err := newLimiter(spec, rc, cfg.KeyPrefix, jf.tenants(), rateOf, &cl)
+	lim, _, err := newLimiter(ctx, spec, rc, cfg.KeyPrefix, q, &cl)
 	if err != nil {
 		return err
 	}
@@ -244,7 +239,7 @@ func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder,
 	for id := 1; id <= n; id++ {
 		args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", keyPrefix,
 			"-nats", natsURL, "-redis", cfg.RedisURL, "-jobs", jobsPath,
-			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
+			"-rate", cfg.Rate, "-rates", cfg.RatesPath, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
 			"-reservations", cfg.Reservations.String(),
 			"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String()}
 		if cfg.Metrics != "" {
@@ -388,7 +383,8 @@ func (ps *processes) hybridStats() (bucket.HybridStats, bool) {
 // workInstances is work with -instances n: this process starts the NATS
 // server (unless -nats), publishes the jobs and checks the records of n
 // worker processes that consume them with the Redis limiter.
-func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, rateOf func(string) throttle.Rate, defRate throttle.Rate, spec limiterSpec) (report, error) {
+func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, q *quotas, spec limiterSpec) (report, error) {
+	rateOf := q.rate
 	if cfg.RedisURL == "" {
 		return report{}, fmt.Errorf("-instances %d needs -redis URL: the worker processes share their limits through Redis", cfg.Instances)
 	}
@@ -418,7 +414,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s) for %d worker processes; %s, %s%s%s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(),
-		cfg.Instances, spec.describe(rc.Options().Addr), limitsText(jf, defRate), describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
+		cfg.Instances, spec.describe(rc.Options().Addr), q.text()+"; quotas in Redis hash "+prefix+"quotas", describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
 
 	tp := noop.NewTracerProvider()
 	pctx, pcancel := context.WithCancel(ctx)

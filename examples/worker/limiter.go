@@ -36,8 +36,9 @@ const redisTimeout = 500 * time.Millisecond
 // limiterSpec is the family of the per-tenant limiters and its settings.
 // The zero value is the sliding window.
 type limiterSpec struct {
-	Family string // familyWindow ("" too), familyBucket or familyHybrid
-	Burst  int    // bucket capacity; 0 means each tenant's rate Count
+	Family string         // familyWindow ("" too), familyBucket or familyHybrid
+	Burst  int            // bucket capacity; 0 means each tenant's rate Count
+	Bursts map[string]int // per-tenant capacities (-rates), over Burst
 }
 
 // parseLimiterSpec checks the -limiter and -burst flags; hybrid needs a
@@ -72,6 +73,23 @@ func (s limiterSpec) burstOf(r throttle.Rate) int {
 		return s.Burst
 	}
 	return r.Count
+}
+
+// burstFor returns the capacity of tenant's bucket at rate r: its own
+// (-rates), or burstOf(r).
+func (s limiterSpec) burstFor(tenant string, r throttle.Rate) int {
+	if b, ok := s.Bursts[tenant]; ok {
+		return b
+	}
+	return s.burstOf(r)
+}
+
+// boundFor is bound for tenant, with its own burst.
+func (s limiterSpec) boundFor(tenant string, r throttle.Rate) (int, string) {
+	if b, ok := s.Bursts[tenant]; ok {
+		s.Burst = b
+	}
+	return s.bound(r)
 }
 
 // bound returns the most cost units the limiter may admit for one tenant
@@ -121,51 +139,47 @@ func (s limiterSpec) describe(addr string) string {
 	}
 }
 
-// newFamilyLimiter returns the per-tenant limiter of spec: in process when
-// rc is nil, otherwise on Redis with keys under prefix. Hybrids need rc to
-// honour context deadlines (ContextTimeoutEnabled).
-func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, tenants []string, rateOf func(string) throttle.Rate) (*tenantLimiter, error) {
-	var hybrids []*bucket.Hybrid
-	tl, err := newTenantLimiter(tenants, rateOf, func(r throttle.Rate) (throttle.Limiter, error) {
-		switch {
-		case spec.Family == familyHybrid:
-			if rc == nil {
-				return nil, errors.New("-limiter hybrid needs -redis URL")
-			}
-			h, err := bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix))
-			if err == nil {
-				hybrids = append(hybrids, h)
-			}
-			return h, err
-		case spec.Family == familyBucket && rc == nil:
-			return bucket.NewLocal(r, spec.burstOf(r))
-		case spec.Family == familyBucket:
-			return bucket.NewRedis(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(redisTimeout))
-		case rc == nil:
-			return window.NewMemory(r)
-		default:
-			return window.NewRedis(rc, r, window.WithPrefix(prefix), window.WithTimeout(redisTimeout))
+// newFamilyLimiter returns the limiter of spec for every tenant: rate r
+// and burst spec.burstOf(r) for tenants without a quota, and each
+// tenant's quota from quotas (bucket.WithQuotas, window.WithQuotas), as a
+// user with per-tenant limits writes it. It is in process when rc is nil,
+// otherwise on Redis with keys under prefix; hybrids need rc to honour
+// context deadlines (ContextTimeoutEnabled).
+func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, r throttle.Rate, quotas throttle.QuotaFunc) (*recordingLimiter, error) {
+	var (
+		l   throttle.Limiter
+		h   *bucket.Hybrid
+		err error
+	)
+	switch {
+	case spec.Family == familyHybrid:
+		if rc == nil {
+			return nil, errors.New("-limiter hybrid needs -redis URL")
 		}
-	})
+		h, err = bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithQuotas(quotas))
+		l = h
+	case spec.Family == familyBucket && rc == nil:
+		l, err = bucket.NewLocal(r, spec.burstOf(r), bucket.WithQuotas(quotas))
+	case spec.Family == familyBucket:
+		l, err = bucket.NewRedis(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(redisTimeout), bucket.WithQuotas(quotas))
+	case rc == nil:
+		l, err = window.NewMemory(r, window.WithQuotas(quotas))
+	default:
+		l, err = window.NewRedis(rc, r, window.WithPrefix(prefix), window.WithTimeout(redisTimeout), window.WithQuotas(quotas))
+	}
 	if err != nil {
-		for _, h := range hybrids {
-			h.Close(context.Background())
-		}
 		return nil, err
 	}
-	tl.hybrids = hybrids
-	return tl, nil
+	return &recordingLimiter{l: l, rate: r, hybrid: h}, nil
 }
 
-// tenantLimiter routes each key (a tenant) to the limiter for the tenant's
-// rate, so one Gate can enforce per-tenant limits. Tenants sharing a rate
-// share one limiter (keys are separate inside it). It is safe for
+// recordingLimiter is the run's limiter, which tells the recorder of every
+// admission and rejection (the report checks them). It is safe for
 // concurrent use.
-type tenantLimiter struct {
-	def     throttle.Limiter
-	rate    throttle.Rate
-	byKey   map[string]throttle.Limiter
-	hybrids []*bucket.Hybrid // the limiters, with -limiter hybrid
+type recordingLimiter struct {
+	l      throttle.Limiter
+	rate   throttle.Rate
+	hybrid *bucket.Hybrid // the limiter, with -limiter hybrid
 
 	// admitted, if set, is called for every admission with the clock read
 	// just before and just after the limiter decided: the instant the
@@ -178,57 +192,21 @@ type tenantLimiter struct {
 	rejected func(id string, reserved bool)
 }
 
-// newTenantLimiter builds one limiter per distinct rate among tenants, with
-// newLimiter; keys not among tenants use the rate of "".
-func newTenantLimiter(tenants []string, rateOf func(string) throttle.Rate, newLimiter func(throttle.Rate) (throttle.Limiter, error)) (*tenantLimiter, error) {
-	byRate := map[throttle.Rate]throttle.Limiter{}
-	get := func(r throttle.Rate) (throttle.Limiter, error) {
-		if l, ok := byRate[r]; ok {
-			return l, nil
-		}
-		l, err := newLimiter(r)
-		if err != nil {
-			return nil, err
-		}
-		byRate[r] = l
-		return l, nil
-	}
-	tl := &tenantLimiter{rate: rateOf(""), byKey: map[string]throttle.Limiter{}}
-	var err error
-	if tl.def, err = get(tl.rate); err != nil {
-		return nil, err
-	}
-	for _, t := range tenants {
-		if tl.byKey[t], err = get(rateOf(t)); err != nil {
-			return nil, err
-		}
-	}
-	return tl, nil
-}
-
-// AllowN asks the key's limiter.
-func (l *tenantLimiter) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
-	x, ok := l.byKey[key]
-	if !ok {
-		x = l.def
-	}
+// AllowN asks the limiter.
+func (l *recordingLimiter) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	before := time.Now()
-	d, err := x.AllowN(ctx, key, n)
+	d, err := l.l.AllowN(ctx, key, n)
 	if err == nil && d.Allowed && l.admitted != nil {
 		l.admitted(key, "", n, before, time.Now())
 	}
 	return d, err
 }
 
-// AllowID asks the key's limiter by id when it has ids (throttle.IDLimiter:
-// the windows and the Local and Redis buckets), else AllowN: the hybrid
-// makes no reservations.
-func (l *tenantLimiter) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
-	x, ok := l.byKey[key]
-	if !ok {
-		x = l.def
-	}
-	ids, ok := x.(throttle.IDLimiter)
+// AllowID asks the limiter by id when it has ids (throttle.IDLimiter: the
+// windows and the Local and Redis buckets), else AllowN: the hybrid makes
+// no reservations.
+func (l *recordingLimiter) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	ids, ok := l.l.(throttle.IDLimiter)
 	if !ok {
 		return l.AllowN(ctx, key, n)
 	}
@@ -275,35 +253,29 @@ func (r *reservedIDs) take(id string) bool {
 
 // Rate returns the default rate; the Gate uses its Count as the Limit of
 // degraded decisions.
-func (l *tenantLimiter) Rate() throttle.Rate { return l.rate }
+func (l *recordingLimiter) Rate() throttle.Rate { return l.rate }
 
-// Algorithm returns the algorithm of the limiters.
-func (l *tenantLimiter) Algorithm() string {
-	if a, ok := l.def.(throttle.Algorithmer); ok {
+// Algorithm returns the algorithm of the limiter.
+func (l *recordingLimiter) Algorithm() string {
+	if a, ok := l.l.(throttle.Algorithmer); ok {
 		return a.Algorithm()
 	}
 	return "sliding_window_log"
 }
 
-// hybridStats returns the decision counts of the hybrids added up, and
-// false if the limiters are not hybrids.
-func (l *tenantLimiter) hybridStats() (bucket.HybridStats, bool) {
-	var sum bucket.HybridStats
-	for _, h := range l.hybrids {
-		s := h.Stats()
-		sum.Local += s.Local
-		sum.Redis += s.Redis
-		sum.Degraded += s.Degraded
-		sum.Errors += s.Errors
+// hybridStats returns the hybrid's decision counts, and false if the
+// limiter is not a hybrid.
+func (l *recordingLimiter) hybridStats() (bucket.HybridStats, bool) {
+	if l.hybrid == nil {
+		return bucket.HybridStats{}, false
 	}
-	return sum, len(l.hybrids) > 0
+	return l.hybrid.Stats(), true
 }
 
-// close closes the hybrids, returning their unused leased tokens to Redis.
-func (l *tenantLimiter) close(ctx context.Context) error {
-	var errs []error
-	for _, h := range l.hybrids {
-		errs = append(errs, h.Close(ctx))
+// close closes a hybrid, returning its unused leased tokens to Redis.
+func (l *recordingLimiter) close(ctx context.Context) error {
+	if l.hybrid == nil {
+		return nil
 	}
-	return errors.Join(errs...)
+	return l.hybrid.Close(ctx)
 }

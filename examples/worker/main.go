@@ -127,6 +127,7 @@ import (
 type config struct {
 	JobsPath  string        // JSON Lines trace of jobs; see testdata/README.md
 	Rate      string        // default per-tenant limit, throttle.ParseRate format
+	RatesPath string        // per-tenant quotas, lines "TENANT QUOTA" (see quotas)
 	RedisURL  string        // use the Redis limiters at this URL, and run the asynq side too
 	Limiter   string        // limiter family: window, bucket or hybrid
 	Burst     int           // bucket capacity; 0 means each tenant's rate Count
@@ -174,6 +175,7 @@ func main() {
 	cfg := defaultConfig()
 	flag.StringVar(&cfg.JobsPath, "jobs", cfg.JobsPath, "jobs `file` (JSON Lines), relative to the working directory")
 	flag.StringVar(&cfg.Rate, "rate", cfg.Rate, "per-tenant `limit` COUNT/PERIOD, e.g. 20/1s; rate lines in the jobs file override it per tenant")
+	flag.StringVar(&cfg.RatesPath, "rates", "", "per-tenant quotas `FILE`: lines \"TENANT COUNT/PERIOD [burst N]\", over -rate and the jobs file; with -redis they go to a Redis hash that HSET changes during the run")
 	flag.StringVar(&cfg.Limiter, "limiter", cfg.Limiter, "limiter `family`: window (sliding window log), bucket (token bucket) or hybrid (token bucket deciding locally on tokens leased from Redis; needs -redis)")
 	flag.IntVar(&cfg.Burst, "burst", 0, "bucket capacity `N` for -limiter bucket or hybrid (default: each tenant's rate count)")
 	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs (default: in-process limiters, NATS only)")

@@ -28,7 +28,7 @@ func mustWait(jobs []job, rateOf func(string) throttle.Rate, spec limiterSpec) m
 		var l throttle.IDLimiter
 		var err error
 		if spec.bucketed() {
-			l, err = bucket.NewLocal(r, spec.burstOf(r), bucket.WithClock(clock))
+			l, err = bucket.NewLocal(r, spec.burstFor(tenant, r), bucket.WithClock(clock))
 		} else {
 			l, err = window.NewMemory(r, window.WithClock(clock))
 		}

@@ -444,7 +444,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 	waiting := mustWait(jobs, rateOf, spec)
 	for name, ts := range r.tenants {
 		rate := rateOf(name)
-		bound, text := spec.bound(rate)
+		bound, text := spec.boundFor(name, rate)
 		rep.Tenants = append(rep.Tenants, tenantReport{
 			Tenant:      name,
 			Rate:        rate,

@@ -50,7 +50,7 @@ func (r *recorder) timelineLocked(rateOf func(string) throttle.Rate, spec limite
 	tl := timeline{Consumer: r.consumer, End: time.Since(r.start), Faults: append([]faultMark(nil), r.faults...)}
 	for name := range r.tenants {
 		rate := rateOf(name)
-		bound, _ := spec.bound(rate)
+		bound, _ := spec.boundFor(name, rate)
 		tt := tenantTimeline{
 			Tenant: name, Rate: rate, Bound: bound,
 			Admits: append([]event(nil), r.admits[name]...),

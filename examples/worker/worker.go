@@ -72,20 +72,16 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	defRate, err := throttle.ParseRate(cfg.Rate)
-	if err != nil {
-		return report{}, fmt.Errorf("-rate: %w", err)
-	}
-	rateOf := func(tenant string) throttle.Rate {
-		if r, ok := jf.Rates[tenant]; ok {
-			return r
-		}
-		return defRate
-	}
 	spec, err := parseLimiterSpec(cfg.Limiter, cfg.Burst, cfg.RedisURL)
 	if err != nil {
 		return report{}, err
 	}
+	q, err := loadQuotas(cfg, jf)
+	if err != nil {
+		return report{}, err
+	}
+	rateOf := q.rate
+	spec.Bursts = q.bursts()
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultConfig().Timeout
 	}
@@ -100,7 +96,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	}
 	switch {
 	case cfg.Instances > 1:
-		return workInstances(ctx, cfg, stdout, jf, rateOf, defRate, spec)
+		return workInstances(ctx, cfg, stdout, jf, q, spec)
 	case cfg.Instances < 1:
 		return report{}, fmt.Errorf("-instances: must be >= 1, got %d", cfg.Instances)
 	}
@@ -121,7 +117,8 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	}
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "queuethrottle:example:" + runID + ":"
-	lim, limName, err := newLimiter(spec, rc, prefix, jf.tenants(), rateOf, &cl)
+	q.hashKey = prefix + "quotas"
+	lim, limName, err := newLimiter(ctx, spec, rc, prefix, q, &cl)
 	if err != nil {
 		return report{}, err
 	}
@@ -145,7 +142,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// gated by a limiter of its own (keys under a prefix of their own).
 	var as *asynqSide
 	if rc != nil {
-		alim, _, err := newLimiter(spec, rc, prefix+"asynq:", jf.tenants(), rateOf, &cl)
+		alim, _, err := newLimiter(ctx, spec, rc, prefix+"asynq:", q, &cl)
 		if err != nil {
 			return report{}, err
 		}
@@ -177,7 +174,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	cl.add(stopConsumer)
 
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s%s%s\n",
-		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, limitsText(jf, defRate),
+		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, q.text(),
 		describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
 	if metricsAddr != "" {
 		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
@@ -240,22 +237,6 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		return rep, fmt.Errorf("publish: %w", pubErr)
 	}
 	return rep, nil
-}
-
-// limitsText describes the limits: "limit 20/1s per tenant (initech
-// 10/1s)".
-func limitsText(jf jobsFile, defRate throttle.Rate) string {
-	var overrides []string
-	for _, t := range jf.tenants() {
-		if r, ok := jf.Rates[t]; ok {
-			overrides = append(overrides, t+" "+r.String())
-		}
-	}
-	limits := fmt.Sprintf("limit %v per tenant", defRate)
-	if len(overrides) > 0 {
-		limits += " (" + strings.Join(overrides, ", ") + ")"
-	}
-	return limits
 }
 
 // natsRun is the NATS side of a run: the connection (and the server's
@@ -454,12 +435,17 @@ func dialRedis(ctx context.Context, url string, cl *closers) (*redis.Client, err
 	return rc, nil
 }
 
-// newLimiter returns the per-tenant limiter of spec and a description of
-// it: in process when rc is nil, otherwise in Redis with keys under prefix
-// (a prefix of their own for this run). cl closes a hybrid's limiters,
-// returning their unused tokens, before it closes rc.
-func newLimiter(spec limiterSpec, rc *redis.Client, prefix string, tenants []string, rateOf func(string) throttle.Rate, cl *closers) (*tenantLimiter, string, error) {
-	lim, err := newFamilyLimiter(spec, rc, prefix, tenants, rateOf)
+// newLimiter returns the limiter of spec with the per-tenant quotas q, and
+// a description of it: in process when rc is nil, otherwise in Redis with
+// keys under prefix (a prefix of their own for this run), its quotas in
+// the Redis hash q.hashKey. cl closes a hybrid, returning its unused
+// tokens, before it closes rc.
+func newLimiter(ctx context.Context, spec limiterSpec, rc *redis.Client, prefix string, q *quotas, cl *closers) (*recordingLimiter, string, error) {
+	f, err := q.source(ctx, rc, cl)
+	if err != nil {
+		return nil, "", err
+	}
+	lim, err := newFamilyLimiter(spec, rc, prefix, q.def.Rate, f)
 	if err != nil {
 		return nil, "", err
 	}
