@@ -79,10 +79,34 @@
 //
 // The Hybrid does not implement throttle.IDLimiter; see Hybrid.
 //
+// # Quotas, Peek and Reset
+//
+// WithQuotas gives each key a quota of its own (plan tiers, an override
+// for one big tenant): Quota.Rate refills it and Quota.Burst is its
+// capacity (0 means Rate.Count); Decision.Limit is the key's Rate.Count.
+// The QuotaFunc runs on every decision, so a change applies from the next
+// one: the key's bucket keeps the tokens it holds, capped at the new burst,
+// and refills at the new rate from then on; a new Per keeps the whole
+// tokens (a partial one is dropped). Redis stores the period a key's
+// credit is counted in beside it (field "per" of the hash), so that every
+// process converts the same way, and a Hybrid drops (never returns) the
+// tokens it leased under a quota that changed. The quota package keeps
+// quotas in a Redis hash, cached in process.
+//
+// Peek(ctx, key, n) returns what AllowN would return and takes nothing
+// (Local reads its state, Redis runs peek.lua, which writes nothing and
+// renews no expiry, and the Hybrid runs AllowN's decision on a copy of the
+// key's local state, reading Redis where AllowN would lease). Reset(ctx,
+// key) forgets a key: its bucket is full again and its ids forgotten; an
+// unknown key is not an error. Every limiter here passes
+// throttletest.RunBucketQuotas and throttletest.RunPeekReset.
+//
 // # Errors
 //
 // Constructors return errors wrapping throttle.ErrInvalidOption that name
-// the field (Rate.Count, Rate.Per, burst, client, or the option). AllowN
+// the field (Rate.Count, Rate.Per, burst, client, or the option); with
+// WithQuotas, a decision for a key whose quota is invalid returns one too,
+// naming the key. AllowN
 // and AllowID return an error wrapping throttle.ErrInvalidCost for n < 1
 // or n > burst, before any store access: such a request could never be
 // admitted and must not be retried. AllowID returns one wrapping

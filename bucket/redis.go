@@ -46,8 +46,9 @@ var (
 // microsecond precision, so every process shares one clock. With WithClock
 // the client sends its own time in µs; either way a clock that moves
 // backwards counts as no time passing and stored time never moves
-// backwards. Changing Rate.Per under the same prefix reinterprets stored
-// credit until the buckets are full again: use a new prefix.
+// backwards. The hash also holds the period its credit is counted in
+// ("per"), so a key decided under another Rate.Per (a quota, or a new
+// Rate under the same prefix) keeps its whole tokens (see WithQuotas).
 //
 // Every call has a deadline of WithTimeout (default 50 ms), as a context
 // deadline. go-redis ignores context deadlines unless the client is built
@@ -78,8 +79,8 @@ const maxArgInt = 64
 // up to burst (>= 1), starting full.
 //
 // Options: WithClock (default: the Redis server's TIME), WithPrefix
-// (default "throttle:bucket:"), WithTimeout (default 50 ms); WithLocalShare
-// is accepted and ignored. Errors wrap throttle.ErrInvalidOption and name
+// (default "throttle:bucket:"), WithTimeout (default 50 ms), WithQuotas;
+// WithLocalShare is accepted and ignored. Errors wrap throttle.ErrInvalidOption and name
 // the field: a nil c, Rate.Count < 1 or above 2^53/1000, Rate.Per <= 0,
 // burst < 1 (or burst × Per beyond 2^53 µs), a bad option; and "client"
 // for a *redis.Client, *redis.ClusterClient or *redis.Ring created without

@@ -24,6 +24,17 @@
 // the 500 ms a leased token may be held: the summary states each tenant's
 // bound, and only admissions beyond it fail the check.
 //
+// Per-tenant limits: -rate for every tenant, a rate line of the jobs file
+// for its tenant, and a line "TENANT COUNT/PERIOD [burst N]" of the -rates
+// file, which may also set the tenant's burst. The worker gives them to one
+// limiter with WithQuotas (window.WithQuotas, bucket.WithQuotas); with
+// -redis they come from a Redis hash (quota.RedisHash, field = tenant,
+// value = quota) that the worker fills at start, so that
+// `redis-cli HSET <prefix>quotas <tenant> 50/1s` changes a tenant's limit
+// during the run, in every worker process within a second; the header
+// names the hash, and the summary judges each tenant by its quota at the
+// end.
+//
 // With -redis, the limiters' keys get a prefix of their own for the run
 // (and expire soon after it), and an asynq server on the same Redis gets
 // the same jobs: tasks of type "job" (payload the job, trace context in the

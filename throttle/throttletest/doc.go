@@ -31,6 +31,12 @@
 // [RunWindowRealTime] checks the same rules, loosely, against a limiter on
 // its own clock (such as the Redis server's TIME), with real sleeps.
 //
+// Beside them: [RunBucket] and [RunBucketRealTime] for token buckets,
+// [RunBucketReservations] for their ids, [RunWindowQuotas] and
+// [RunBucketQuotas] for per-key quotas (WithQuotas: each key on its own
+// quota, a change applying from the next decision), and [RunPeekReset]
+// (Peek says what AllowN would and charges nothing; Reset forgets a key).
+//
 // Usage:
 //
 //	func TestConformance(t *testing.T) {
