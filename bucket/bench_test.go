@@ -30,6 +30,22 @@ func BenchmarkLocal(b *testing.B) {
 	})
 }
 
+// BenchmarkLocalQuotas is BenchmarkLocal for a key with a quota of its
+// own (WithQuotas over a map): the cost of the QuotaFunc and the cached
+// quota lookup.
+func BenchmarkLocalQuotas(b *testing.B) {
+	quotas := map[string]throttle.Quota{"key": {Rate: throttle.PerSecond(benchRate / 2), Burst: 1000}}
+	l, err := NewLocal(throttle.PerSecond(benchRate), 1000, WithQuotas(func(k string) throttle.Quota { return quotas[k] }))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	benchtest.SeqAndParallel(b, 0, func(int) error {
+		_, err := l.AllowN(ctx, "key", 1)
+		return err
+	})
+}
+
 // benchIDs are the ids of the AllowID benchmarks, made ahead so that
 // formatting them is not measured: a new id per call, as every message
 // brings its own (at benchRate with a burst of 1000, an id is remembered

@@ -91,9 +91,10 @@ const maxCachedQuotas = 1024
 // The zero quotaSet is not usable; see newQuotaSet.
 type quotaSet struct {
 	def   *keyLimits
-	f     throttle.QuotaFunc // nil: every key has def
-	cache sync.Map           // throttle.Quota (Burst filled in) -> *keyLimits
-	n     atomic.Int64       // entries in cache
+	f     throttle.QuotaFunc        // nil: every key has def
+	cache sync.Map                  // throttle.Quota (Burst filled in) -> *keyLimits
+	n     atomic.Int64              // entries in cache
+	last  atomic.Pointer[keyLimits] // the last quota found: most often the next one
 }
 
 func newQuotaSet(r throttle.Rate, burst int, f throttle.QuotaFunc) (*quotaSet, error) {
@@ -124,8 +125,13 @@ func (q *quotaSet) lookup(key string) (*keyLimits, error) {
 	if quota == q.def.quota {
 		return q.def, nil
 	}
+	if kl := q.last.Load(); kl != nil && kl.quota == quota {
+		return kl, nil
+	}
 	if v, ok := q.cache.Load(quota); ok {
-		return v.(*keyLimits), nil
+		kl := v.(*keyLimits)
+		q.last.Store(kl)
+		return kl, nil
 	}
 	kl, err := newKeyLimits(quota.Rate, quota.Burst)
 	if err != nil {
