@@ -94,7 +94,7 @@ var resetLua string
 var resetScript = redis.NewScript(resetLua)
 
 // argPeek is the horizon argument that tells window.lua to write nothing.
-const argPeek = "-2"
+var argPeek any = "-2"
 
 // Reset deletes key's sorted set (and its clock floor): the key is back
 // to its initial state in every process that shares the Redis. Resetting

@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
@@ -58,6 +58,7 @@ type Redis struct {
 	argLimit any
 	member   memberSource
 	quotas   throttle.QuotaFunc
+	batch    *coalesce.Batcher[request, throttle.Decision]
 }
 
 // NewRedis returns a sliding window admitting r.Count units per r.Per for
@@ -112,6 +113,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		l.server = redisclock.New(t, cfg.serverLocal)
 		l.clock = l.server
 	}
+	l.batch = coalesce.New(l.timeout, maxBatch, l.one, l.many)
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
 	}
@@ -177,57 +179,41 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 
 // argAllowN is the horizon argument that tells window.lua the request has
 // no id.
-const argAllowN = "-1"
+var argAllowN any = "-1"
 
-func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon string) (throttle.Decision, error) {
-	r, argWin, argLimit := l.rate, l.argWin, l.argLimit
-	if l.quotas != nil {
-		var err error
-		if r, err = quotaOf(l.quotas, l.rate, key); err != nil {
-			return throttle.Decision{}, err
-		}
-		if r != l.rate {
-			if err := redisopt.CheckExact("quota Rate.Count", int64(r.Count)); err != nil {
-				return throttle.Decision{}, fmt.Errorf("window: quota of key %q: %w", key, err)
-			}
-			argWin, argLimit = strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count)
-		}
-	}
-	if err := throttle.CheckCost(n, r.Count); err != nil {
+func (l *Redis) decide(ctx context.Context, key string, n int, member string, horizon any) (throttle.Decision, error) {
+	r, err := l.request(key, n, member, horizon)
+	if err != nil {
 		return throttle.Decision{}, err
 	}
+	return l.batch.Do(ctx, r)
+}
+
+// request checks a decision's input and builds it, with key's quota.
+func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
+	r := request{key: l.key(key), argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
+	if l.quotas != nil {
+		q, err := quotaOf(l.quotas, l.rate, key)
+		if err != nil {
+			return r, err
+		}
+		if q != l.rate {
+			if err := redisopt.CheckExact("quota Rate.Count", int64(q.Count)); err != nil {
+				return r, fmt.Errorf("window: quota of key %q: %w", key, err)
+			}
+			r.argWin, r.argLimit, r.limit = strconv.FormatInt(q.PerMicros(), 10), strconv.Itoa(q.Count), q.Count
+		}
+	}
+	if err := throttle.CheckCost(n, r.limit); err != nil {
+		return r, err
+	}
 	if n > MaxCost {
-		return throttle.Decision{}, fmt.Errorf("%w: n=%d exceeds the Redis window's MaxCost %d (one sorted-set member per unit)", throttle.ErrInvalidCost, n, MaxCost)
+		return r, fmt.Errorf("%w: n=%d exceeds the Redis window's MaxCost %d (one sorted-set member per unit)", throttle.ErrInvalidCost, n, MaxCost)
 	}
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
-	defer cancel()
-	if l.server != nil {
-		if err := l.server.Ready(ctx); err != nil {
-			return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
-		}
-	}
-	argN := argOne
 	if n != 1 {
-		argN = strconv.Itoa(n)
+		r.argN = strconv.Itoa(n)
 	}
-	var res any
-	var err error
-	k := l.key(key)
-	if l.clock == nil {
-		res, err = windowScript.Run(ctx, l.client, []string{k}, argWin, argLimit, argN, member, horizon).Result()
-	} else {
-		keys := []string{k, k + floorSuffix}
-		now, slack := instant(l.clock.Now(), 0)
-		if slack == 0 {
-			res, err = windowScript.Run(ctx, l.client, keys, argWin, argLimit, argN, member, horizon, strconv.FormatInt(now, 10)).Result()
-		} else {
-			res, err = windowScript.Run(ctx, l.client, keys, argWin, argLimit, argN, member, horizon, strconv.FormatInt(now, 10), argOne).Result()
-		}
-	}
-	if err != nil {
-		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
-	}
-	return l.decision(res, r.Count)
+	return r, nil
 }
 
 // floorSuffix names the clock-floor key beside a key's sorted set (after
@@ -235,35 +221,6 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 const floorSuffix = ":floor"
 
 var errReply = errors.New("window: redis: unexpected script reply")
-
-// decision converts the script's reply {allowed, remaining, retry µs,
-// reset µs, reserved}.
-func (l *Redis) decision(res any, limit int) (throttle.Decision, error) {
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 5 {
-		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
-	}
-	var v [5]int64
-	for i, x := range vals {
-		if v[i], ok = x.(int64); !ok {
-			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
-		}
-	}
-	d := throttle.Decision{
-		Allowed:    v[0] == 1,
-		Limit:      limit,
-		Remaining:  int(max(v[1], 0)),
-		ResetAfter: micros(max(v[3], 0)),
-		Source:     throttle.SourceRedis,
-	}
-	if !d.Allowed {
-		// > 0 by construction (the slot is after now); kept > 0 whatever
-		// the store says, as the Decision contract asks.
-		d.RetryAfter = max(micros(v[2]), time.Millisecond)
-		d.Reserved = v[4] == 1
-	}
-	return d, nil
-}
 
 // key returns the Redis key that holds the window of key: prefix + "{" +
 // escaped key + "}" (see internal/rediskey and the package documentation).
