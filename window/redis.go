@@ -17,6 +17,7 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
+	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -24,7 +25,7 @@ import (
 var windowLua string
 
 // windowScript is run with EVALSHA, and reloaded with EVAL on NOSCRIPT.
-var windowScript = redis.NewScript(windowLua)
+var windowScript = redisscript.New(windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in

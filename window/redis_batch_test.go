@@ -5,15 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
@@ -113,29 +109,14 @@ func TestCoalescedLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	calls0 := scriptCalls(t, client)
-
-	stop := make(chan struct{})
-	var spin sync.WaitGroup
-	for range 2 {
-		spin.Add(1)
-		go func() { // CPU-bound, as other work on the machine
-			defer spin.Done()
-			x := 0
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				for i := range 100_000 {
-					x += i
-				}
-				runtime.Gosched()
-			}
-		}()
+	// Warm, as a running service is: the script loaded, a connection open.
+	if _, err := l.Allow(ctx, "warm"); err != nil {
+		t.Fatal(err)
 	}
-	defer func() { close(stop); spin.Wait() }()
+	calls0 := redistest.ScriptCalls(t, client)
+
+	stop := throttletest.Spin(2)
+	defer stop()
 
 	const goroutines = 500
 	var admitted, failed atomic.Int64
@@ -165,7 +146,7 @@ func TestCoalescedLoad(t *testing.T) {
 	if admitted.Load() != int64(r.Count) {
 		t.Fatalf("%d admitted of %d at a limit of %v, want exactly %d", admitted.Load(), goroutines, r, r.Count)
 	}
-	scripts := scriptCalls(t, client) - calls0
+	scripts := redistest.ScriptCalls(t, client) - calls0
 	if scripts > goroutines/4 {
 		t.Fatalf("%d script calls for %d decisions: not coalesced", scripts, goroutines)
 	}
@@ -211,29 +192,6 @@ func TestQueuedCallerWithdraws(t *testing.T) {
 	if used := r.Count - d.Remaining - 1; used != 1+coalesce.MaxInFlight { // Peek's Remaining counts its own unit
 		t.Fatalf("%d units used, want %d: the withdrawn caller was charged", used, 1+coalesce.MaxInFlight)
 	}
-}
-
-// scriptCalls returns how many EVAL and EVALSHA calls the server has run.
-func scriptCalls(t *testing.T, c *redis.Client) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0
-	for _, line := range strings.Split(info, "\n") {
-		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "cmdstat_eval" && name != "cmdstat_evalsha") {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		n, err := strconv.Atoi(calls)
-		if err != nil {
-			t.Fatalf("commandstats line %q: %v", line, err)
-		}
-		total += n
-	}
-	return total
 }
 
 // waitInFlight waits until l has n flushes in flight.

@@ -172,3 +172,25 @@ func (b *Batcher[Req, Res]) withdraw(c *Call[Req, Res]) {
 		}
 	}
 }
+
+// Group splits calls by what id returns for their requests (a store key,
+// with its quota), keeping arrival order within each group, and groups in
+// the order their first call arrived.
+func Group[Req, Res any, K comparable](calls []*Call[Req, Res], id func(Req) K) [][]*Call[Req, Res] {
+	if len(calls) == 1 {
+		return [][]*Call[Req, Res]{calls}
+	}
+	index := make(map[K]int, len(calls))
+	var groups [][]*Call[Req, Res]
+	for _, c := range calls {
+		k := id(c.Req)
+		i, ok := index[k]
+		if !ok {
+			i = len(groups)
+			index[k] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], c)
+	}
+	return groups
+}
