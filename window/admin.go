@@ -104,7 +104,7 @@ func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
-	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix}).Err(); err != nil {
+	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix}).Err(); err != nil {
 		return fmt.Errorf("window: redis: %w", err)
 	}
 	return nil

@@ -192,7 +192,8 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member string, ho
 
 // request checks a decision's input and builds it, with key's quota.
 func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
-	r := request{key: l.key(key), argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
+	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
+	r.key, r.hint = rediskey.KeyAnd(l.prefix, key, hintSuffix)
 	if l.quotas != nil {
 		q, err := quotaOf(l.quotas, l.rate, key)
 		if err != nil {
@@ -217,9 +218,13 @@ func (l *Redis) request(key string, n int, member string, horizon any) (request,
 	return r, nil
 }
 
-// floorSuffix names the clock-floor key beside a key's sorted set (after
-// its hash tag, so in the same slot; no sorted-set key ends with it).
-const floorSuffix = ":floor"
+// floorSuffix and hintSuffix name the clock-floor and hint keys beside a
+// key's sorted set (after its hash tag, so in the same slot; no
+// sorted-set key ends with them).
+const (
+	floorSuffix = ":floor"
+	hintSuffix  = ":hint"
+)
 
 var errReply = errors.New("window: redis: unexpected script reply")
 

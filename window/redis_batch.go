@@ -16,6 +16,7 @@ import (
 // request is one decision of a Redis window, as window.lua takes it.
 type request struct {
 	key      string // the Redis key of the sorted set
+	hint     string // and of its hint (see window.lua)
 	argWin   any    // window, µs, and limit: the key's quota, as strings
 	argLimit any
 	limit    int
@@ -38,8 +39,8 @@ type groupID struct {
 const maxBatch = 256
 
 var (
-	argKeys1 any = "1"
 	argKeys2 any = "2"
+	argKeys3 any = "3"
 	argTime  any = "" // now: the server's TIME
 	argExact any = "0"
 )
@@ -103,19 +104,19 @@ func (l *Redis) ready(ctx context.Context) error {
 	return nil
 }
 
-// header starts the EVALSHA of r's key: the script, its keys and ARGV[1]
+// header starts the EVALSHA of r's key: the script, the keys and ARGV[1]
 // to ARGV[4] (window, limit, now, whether the reading was inexact).
 func (l *Redis) header(args []any, r request) []any {
 	args = windowScript.Start(args)
 	if l.clock == nil {
-		return append(args, argKeys1, r.key, r.argWin, r.argLimit, argTime, argExact)
+		return append(args, argKeys2, r.key, r.hint, r.argWin, r.argLimit, argTime, argExact)
 	}
 	now, slack := instant(l.clock.Now(), 0)
 	inexact := argExact
 	if slack != 0 {
 		inexact = argOne
 	}
-	return append(args, argKeys2, r.key, r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact)
+	return append(args, argKeys3, r.key, r.hint, r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact)
 }
 
 // decisions converts the script's reply, five integers per request

@@ -7,7 +7,9 @@
 --          instant in µs since the Unix epoch: admitted units at the
 --          instant they were admitted, reserved units at their future
 --          slot. A unit at t counts during [t, t+window).
--- KEYS[2]  with a client clock (ARGV[3] not empty) only: the key's clock
+-- KEYS[2]  the key's hint for slot searches (a string key in the same
+--          slot; see hinted below).
+-- KEYS[3]  with a client clock (ARGV[3] not empty) only: the key's clock
 --          floor, the newest admission instant (a string key in the same
 --          slot).
 -- ARGV[1]  window, µs (integer).
@@ -64,7 +66,7 @@ if ARGV[3] ~= "" then
 	if ARGV[4] == "1" then
 		window = window + 1 -- the reading lay between two µs (see instant)
 	end
-	local floor = tonumber(redis.call("GET", KEYS[2]))
+	local floor = tonumber(redis.call("GET", KEYS[3]))
 	if floor and floor > now then
 		now = floor
 	end
@@ -81,6 +83,56 @@ end
 -- where concatenation would print a µs instant in %.14g).
 local function excl(x)
 	return "(" .. string.format("%d", x)
+end
+
+-- The hint (KEYS[2]): "T c limit window", an instant T before which no
+-- request of cost c or more fits, learnt by a slot search, so that the
+-- next search starts at T: without it a flood of reservations would
+-- search the same full windows again at every request. It holds while
+-- units are only added or claimed (moved to the claim's instant): units
+-- never leave an instant at or after now except when a claim re-reserves
+-- later, which forgets the hint. It expires at T, and is kept only for
+-- the same limit and a window no longer than the current one.
+local hintKey = KEYS[2]
+local hintT, hintC -- the hint, read once per call; hintT false: none
+
+local function readHint()
+	if hintT ~= nil then
+		return
+	end
+	hintT = false
+	local v = redis.call("GET", hintKey)
+	if v then
+		local t, c, lim, win = string.match(v, "^(%d+) (%d+) (%d+) (%d+)$")
+		if t and tonumber(lim) == limit and tonumber(win) <= window then
+			hintT, hintC = tonumber(t), tonumber(c)
+		end
+	end
+end
+
+-- hinted returns the instant from which a request of cost n may fit.
+local function hinted(n)
+	readHint()
+	if hintT and hintC <= n and hintT > now then
+		return hintT
+	end
+	return now
+end
+
+-- remember records that nothing of cost n fits before slot, unless the
+-- hint already says more.
+local function remember(slot, n)
+	readHint()
+	if hintT and hintT > now and (slot < hintT or n > hintC) then
+		return
+	end
+	hintT, hintC = slot, n
+	redis.call("SET", hintKey, string.format("%d %d %d %d", slot, n, limit, window), "PX", math.ceil((slot - now) / 1000))
+end
+
+local function forget()
+	redis.call("DEL", hintKey)
+	hintT = false
 end
 
 -- decide is one request, on the set as it is (pending written first).
@@ -125,8 +177,8 @@ local function decide(n, base, horizon)
 			else
 				later = redis.call("PEXPIRE", key, ms, "GT") == 0
 			end
-			if KEYS[2] then
-				redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
+			if KEYS[3] then
+				redis.call("SET", KEYS[3], now, "PX", math.ceil(window / 1000))
 			end
 			local reset = nominal
 			if later then
@@ -199,8 +251,8 @@ local function decide(n, base, horizon)
 			zadd(now, nil)
 		end
 		local later = expire(now, fresh)
-		if KEYS[2] then
-			redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
+		if KEYS[3] then
+			redis.call("SET", KEYS[3], now, "PX", math.ceil(window / 1000))
 		end
 		local reset = nominal
 		if later then
@@ -218,9 +270,11 @@ local function decide(n, base, horizon)
 		return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
 	end
 
-	-- kth returns the score of the k-th oldest unit after from (k >= 1).
+	-- kth returns the score of the k-th oldest unit after from (k >= 1),
+	-- by rank: O(log N), where BYSCORE with LIMIT would walk k units.
 	local function kth(from, k)
-		local s = redis.call("ZRANGE", key, excl(from), "+inf", "BYSCORE", "LIMIT", k - 1, 1, "WITHSCORES")[2]
+		local r = redis.call("ZCOUNT", key, "-inf", string.format("%d", from)) + k - 1
+		local s = redis.call("ZRANGE", key, r, r, "WITHSCORES")[2]
 		if s then
 			return tonumber(s)
 		end
@@ -262,6 +316,9 @@ local function decide(n, base, horizon)
 			if #at + n <= limit then
 				return admit()
 			end
+			-- Its units move later than now: instants before them may
+			-- have room again, so the hint no longer holds.
+			forget()
 			return reject(at[#at + n - limit] + window, true)
 		end
 	end
@@ -276,59 +333,70 @@ local function decide(n, base, horizon)
 	local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
 	if top > now then
 		-- Reservations ahead: look for a gap before the tail (firstFit in
-		-- schedule.go), within 16 windows. at[] holds every unit in range.
+		-- schedule.go), within 16 windows, from the hint's instant (no
+		-- room before it) or now. at[] holds every unit in range.
+		local from = math.min(hinted(n), tail)
 		local stop = math.min(tail, now + 16 * window)
-		local raw = redis.call("ZRANGE", key, excl(now - window), excl(stop + window), "BYSCORE", "WITHSCORES")
-		local at = {}
-		for i = 2, #raw, 2 do
-			at[#at + 1] = tonumber(raw[i])
-		end
-		local len = #at
-		local room = limit - n
-		local lo, hi, sum = 1, 1, 0
-		local q, qlo, qhi, qsum = 1, 1, 1, 0
-		local s = now
-		slot = tail
-		while s < stop do
-			while hi <= len and at[hi] <= s do
-				sum = sum + 1
-				hi = hi + 1
+		-- No room anywhere in [from, tail) when the units in [tail -
+		-- window, from] are too many: each of them counts at every instant
+		-- of it.
+		local full = from >= stop or redis.call("ZCOUNT", key, string.format("%d", tail - window), string.format("%d", from)) > limit - n
+		if not full then
+			local raw = redis.call("ZRANGE", key, excl(from - window), excl(stop + window), "BYSCORE", "WITHSCORES")
+			local at = {}
+			for i = 2, #raw, 2 do
+				at[#at + 1] = tonumber(raw[i])
 			end
-			while lo < hi and at[lo] <= s - window do
-				sum = sum - 1
-				lo = lo + 1
-			end
-			if q < hi then
-				q = hi
-			end
-			local bad = false
-			while q <= len and at[q] < s + window do
-				while qhi <= len and at[qhi] <= at[q] do
-					qsum = qsum + 1
-					qhi = qhi + 1
+			local len = #at
+			local room = limit - n
+			local lo, hi, sum = 1, 1, 0
+			local q, qlo, qhi, qsum = 1, 1, 1, 0
+			local s = from
+			slot = tail
+			while s < stop do
+				while hi <= len and at[hi] <= s do
+					sum = sum + 1
+					hi = hi + 1
 				end
-				while qlo < qhi and at[qlo] <= at[q] - window do
-					qsum = qsum - 1
-					qlo = qlo + 1
+				while lo < hi and at[lo] <= s - window do
+					sum = sum - 1
+					lo = lo + 1
 				end
-				if qsum > room then
-					bad = true
+				if q < hi then
+					q = hi
+				end
+				local bad = false
+				while q <= len and at[q] < s + window do
+					while qhi <= len and at[qhi] <= at[q] do
+						qsum = qsum + 1
+						qhi = qhi + 1
+					end
+					while qlo < qhi and at[qlo] <= at[q] - window do
+						qsum = qsum - 1
+						qlo = qlo + 1
+					end
+					if qsum > room then
+						bad = true
+						break
+					end
+					q = qhi
+				end
+				if sum <= room and not bad then
+					slot = s
 					break
 				end
-				q = qhi
+				local nxt = s + 1
+				if sum > room and at[lo] + window > nxt then
+					nxt = at[lo] + window
+				end
+				if bad and at[q] + 1 > nxt then
+					nxt = at[q] + 1
+				end
+				s = nxt
 			end
-			if sum <= room and not bad then
-				slot = s
-				break
-			end
-			local nxt = s + 1
-			if sum > room and at[lo] + window > nxt then
-				nxt = at[lo] + window
-			end
-			if bad and at[q] + 1 > nxt then
-				nxt = at[q] + 1
-			end
-			s = nxt
+		end
+		if slot > now and not peek then
+			remember(slot, n)
 		end
 	end
 
@@ -369,8 +437,8 @@ local function write()
 	else
 		later = redis.call("PEXPIRE", key, ms, "GT") == 0
 	end
-	if KEYS[2] then
-		redis.call("SET", KEYS[2], now, "PX", ms)
+	if KEYS[3] then
+		redis.call("SET", KEYS[3], now, "PX", ms)
 	end
 	if later then
 		-- The key lived longer: a reservation may be newer than now.
