@@ -109,7 +109,7 @@ func TestSnippetsCompile(t *testing.T) {
 	for _, args := range [][]string{{"build", "./..."}, {"vet", "./..."}} {
 		cmd := exec.Command(goTool(t), args...)
 		cmd.Dir = tmp
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+		cmd.Env = append(os.Environ(), "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go %s of the README's %d Go blocks: %v\n%s", strings.Join(args, " "), len(blocks), err, out)
 		}
