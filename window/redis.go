@@ -29,10 +29,12 @@ var windowScript = redisscript.New(windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in
-// microseconds. One Lua script per decision drops the members that left
-// the window, counts the rest and, only if count + n <= Count, adds n
-// members at the current instant and sets the key to expire after Per. A
-// rejection adds nothing and does not renew the expiry.
+// microseconds. A Lua script drops the members that left the window,
+// counts the rest and, only if count + n <= Count, adds n members at the
+// current instant and sets the key to expire after Per. A rejection adds
+// nothing and does not renew the expiry. Concurrent decisions are
+// coalesced: while a call is in flight, the others queue and go together,
+// one script call per key (see the package documentation).
 //
 // By default the instant is the Redis server's TIME, so every process
 // sharing the Redis shares one clock. With WithClock the client sends its
