@@ -159,7 +159,7 @@ const MaxCost = 10_000
 // "window: redis: ...", meaning the limiter could not decide.
 // The Decision's Source is throttle.SourceRedis.
 func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
-	return l.decide(ctx, key, n, l.member.next(), argAllowN)
+	return l.decide(ctx, key, n, "", argAllowN)
 }
 
 // AllowID is AllowN for a request with identity id (opaque bytes, scoped
@@ -195,7 +195,18 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member string, ho
 // request checks a decision's input and builds it, with key's quota.
 func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
 	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
-	r.key, r.hint = rediskey.KeyAnd(l.prefix, key, hintSuffix)
+	// The key, its hint key and AllowN's fresh member, in one allocation.
+	var buf [len(hintSuffix) + 17 + 13]byte
+	suffix := append(buf[:0], hintSuffix...)
+	fresh := horizon == argAllowN
+	if fresh {
+		suffix = l.member.appendNext(suffix)
+	}
+	k, s := rediskey.KeyAnd(l.prefix, key, suffix)
+	r.key, r.hint = k, s[:len(k)+len(hintSuffix)]
+	if fresh {
+		r.member = s[len(r.hint):]
+	}
 	if l.quotas != nil {
 		q, err := quotaOf(l.quotas, l.rate, key)
 		if err != nil {
@@ -254,7 +265,11 @@ func (m *memberSource) init() error {
 
 func (m *memberSource) next() string {
 	var buf [17 + 13]byte
-	b := append(buf[:0], m.id[:]...)
-	b = strconv.AppendUint(b, m.seq.Add(1), 36)
-	return string(b)
+	return string(m.appendNext(buf[:0]))
+}
+
+// appendNext appends the next member to b.
+func (m *memberSource) appendNext(b []byte) []byte {
+	b = append(b, m.id[:]...)
+	return strconv.AppendUint(b, m.seq.Add(1), 36)
 }

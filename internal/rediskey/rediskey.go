@@ -30,16 +30,16 @@ const MaxRaw = 256
 
 // Key returns prefix + "{" + the escaped id + "}". The prefix must not
 // contain '{' or '}' (see CheckPrefix); Key does not check it.
-func Key(prefix, id string) string { return build(prefix, id, "") }
+func Key(prefix, id string) string { return build(prefix, id, nil) }
 
 // KeyAnd returns Key(prefix, id) and that key + suffix, built in one
 // allocation (the key is the start of the other).
-func KeyAnd(prefix, id, suffix string) (key, suffixed string) {
+func KeyAnd(prefix, id string, suffix []byte) (key, suffixed string) {
 	s := build(prefix, id, suffix)
 	return s[:len(s)-len(suffix)], s
 }
 
-func build(prefix, id, suffix string) string {
+func build(prefix, id string, suffix []byte) string {
 	var b strings.Builder
 	switch {
 	case id == "":
@@ -83,7 +83,7 @@ func build(prefix, id, suffix string) string {
 		}
 		b.WriteByte('}')
 	}
-	b.WriteString(suffix)
+	b.Write(suffix)
 	return b.String()
 }
 
