@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/queuethrottle/queuethrottle/bucket"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -39,6 +40,9 @@ type limiterSpec struct {
 	Family string         // familyWindow ("" too), familyBucket or familyHybrid
 	Burst  int            // bucket capacity; 0 means each tenant's rate Count
 	Bursts map[string]int // per-tenant capacities (-rates), over Burst
+	// Meters gets the hybrids' own metrics (bucket.WithMeterProvider):
+	// the provider of -metrics. Nil means the global one.
+	Meters metric.MeterProvider
 }
 
 // parseLimiterSpec checks the -limiter and -burst flags; hybrid needs a
@@ -156,7 +160,7 @@ func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, r throt
 		if rc == nil {
 			return nil, errors.New("-limiter hybrid needs -redis URL")
 		}
-		h, err = bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithQuotas(quotas))
+		h, err = bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithMeterProvider(spec.Meters), bucket.WithQuotas(quotas))
 		l = h
 	case spec.Family == familyBucket && rc == nil:
 		l, err = bucket.NewLocal(r, spec.burstOf(r), bucket.WithQuotas(quotas))
