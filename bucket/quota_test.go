@@ -115,3 +115,38 @@ func TestHybridQuotaShrinks(t *testing.T) {
 	assert.InDelta(t, 50, float64(admitted+stock)+redisTokensAt(t, c, h, "k", clock.Now()), 1e-9, "1 s at 50/s")
 	assert.GreaterOrEqual(t, admitted, 50-7)
 }
+
+// TestRedisQuotasCoalesced: decisions queued behind a flush go in one
+// script call per key, each key under its own quota.
+func TestRedisQuotasCoalesced(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	var q quotaMap
+	q.set("small", throttle.Quota{Rate: throttle.PerSecond(5)})
+	l, _ := newTestRedis(t, throttle.PerSecond(100), 100, WithClock(clock), WithQuotas(q.get))
+	ctx := context.Background()
+	var mu sync.Mutex
+	admitted := map[string]int{}
+	var wg sync.WaitGroup
+	for i := range 200 {
+		key := []string{"small", "big"}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := l.AllowN(ctx, key, 1)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if d.Allowed {
+				admitted[key]++
+			}
+			if want := map[string]int{"small": 5, "big": 100}[key]; d.Limit != want {
+				t.Errorf("%s: Limit %d, want %d", key, d.Limit, want)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, map[string]int{"small": 5, "big": 100}, admitted)
+}

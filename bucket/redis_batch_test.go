@@ -44,7 +44,7 @@ func TestBatchTakesAsOneByOne(t *testing.T) {
 				t.Fatal(err)
 			}
 			granted += want[i].granted
-			calls[i] = &takeCall{Req: takeReq{key: l.key("batched " + key), argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}}
+			calls[i] = &takeCall{Req: takeReq{key: l.key("batched " + key), lim: l.lims.def, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}}
 		}
 		l.takeMany(ctx, calls)
 		for i, c := range calls {
