@@ -26,9 +26,11 @@ import (
 // next decision; a grown one fills at the new rate. A key seen for the
 // first time starts full at its quota's burst. Redis keeps the period a
 // key's credit is counted in beside it (field "per" of its hash), so every
-// process converts the same way; the Hybrid returns the tokens it holds
-// for a key whose quota changed to Redis and leases anew under the new
-// quota.
+// process converts the same way; the Hybrid drops (does not return) the
+// tokens it leased for a key under a quota that changed, and leases anew
+// under the new one. A Local forgets a key once its bucket is full under
+// the quota of its last decision; a key whose quota grew meanwhile comes
+// back full at the new burst.
 //
 // A quota that is not a valid bucket (Rate.Count < 1, Rate.Per <= 0,
 // Burst < 0, or Burst × Per beyond 2^53 µs) makes the decision an error
