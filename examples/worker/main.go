@@ -146,6 +146,9 @@ type config struct {
 	// concurrency.NewMemory); Work is how long every handler takes.
 	InFlight int
 	Work     time.Duration
+	// Faults is the -faults list: kill-redis, pause-redis, kill-worker,
+	// restart-nats, comma-separated, injected during the run.
+	Faults string
 
 	// The hidden settings of a worker process of -instances.
 	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
@@ -176,7 +179,7 @@ func main() {
 	flag.StringVar(&cfg.Rate, "rate", cfg.Rate, "per-tenant `limit` COUNT/PERIOD, e.g. 20/1s; rate lines in the jobs file override it per tenant")
 	flag.StringVar(&cfg.Limiter, "limiter", cfg.Limiter, "limiter `family`: window (sliding window log), bucket (token bucket) or hybrid (token bucket deciding locally on tokens leased from Redis; needs -redis)")
 	flag.IntVar(&cfg.Burst, "burst", 0, "bucket capacity `N` for -limiter bucket or hybrid (default: each tenant's rate count)")
-	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs (default: in-process limiters, NATS only)")
+	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs; \"local\" starts a redis-server from PATH on a free loopback port, with persistence, for the run (default: in-process limiters, NATS only)")
 	flag.IntVar(&cfg.Instances, "instances", cfg.Instances, "`N` > 1 runs N worker processes on the NATS server and the Redis limiter (needs -redis; NATS only)")
 	flag.StringVar(&cfg.NATSURL, "nats", "", "NATS `URL` of a JetStream server (default: embedded server in a temp dir)")
 	flag.StringVar(&cfg.Trace, "trace", "", "`exporter` of the spans: \"stdout\" prints them with the OpenTelemetry stdout exporter (default: no tracing)")
@@ -187,6 +190,7 @@ func main() {
 	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
 	flag.IntVar(&cfg.InFlight, "inflight", 0, "at most `N` handlers of a tenant at once, across every worker process (in Redis with -redis; 0: no limit)")
 	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks")
+	flag.StringVar(&cfg.Faults, "faults", "", "inject these faults during the run, one after the other: a comma-separated `list` of kill-redis (SIGKILL, restart on the same port 2s later) and pause-redis (SIGSTOP for 3s), which need -redis local; kill-worker (SIGKILL one worker process, a replacement starts), which needs -instances 2 or more; restart-nats (shut the embedded nats-server down and start it again on the same store)")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")
