@@ -29,7 +29,10 @@ import (
 //     where the handler waits for the confirmation; explainSlack on asynq,
 //     which writes the completion right after the handler returns);
 //   - on NATS, the server had not confirmed r1's ack when r2's delivery
-//     reached the worker: an ack confirmed before is never explained away;
+//     reached the worker, or (restart-nats) confirmed it while it was
+//     coming back, from the fault to explainSlack after the recovery: the
+//     restarted server was seen to redeliver messages whose ack it had
+//     confirmed then. Any other confirmed ack is never explained away;
 //   - r2 is a later delivery than r1 (when both counts are known): one
 //     delivery handled twice is the throttle's fault, not the broker's;
 //   - r2 started after f, and at most AckWait + the reservations horizon
@@ -84,9 +87,9 @@ func explainedBy(r1, r2 handled, faults []faultMark, start time.Time, c consumer
 	if r2.Received != 0 {
 		got2 = min(r2.Received, r2.At)
 	}
-	if c == consumerNATS && r1.AckAt != 0 && r1.AckAt <= got2 {
-		return false
-	}
+	// On NATS, r1's ack is in doubt if it was never confirmed, or not
+	// before r2's delivery arrived.
+	ackInDoubt := c != consumerNATS || r1.AckAt == 0 || r1.AckAt > got2
 	if r1.Delivery != 0 && r2.Delivery != 0 && r2.Delivery <= r1.Delivery {
 		return false
 	}
@@ -106,6 +109,12 @@ func explainedBy(r1, r2 handled, faults []faultMark, start time.Time, c consumer
 		case c == consumerAsynq && (f.Kind == faultKillRedis || f.Kind == faultPauseRedis):
 			inFlight = explainSlack
 		default:
+			continue
+		}
+		// A server restarting from its store may lose even an ack it
+		// confirmed while it came back.
+		lostInRestart := f.Kind == faultRestartNATS && r1.AckAt != 0 && at(r1.AckAt) >= f.At && at(r1.AckAt) <= f.Until+explainSlack
+		if !ackInDoubt && !lostInRestart {
 			continue
 		}
 		if got1At < f.At && f.At <= end1+inFlight && start2 > f.At && start2 <= max(f.Until, f.At)+redelivery {

@@ -15,6 +15,21 @@
 // deleted at the start and at the end, and no other stream may claim
 // jobs.>.
 //
+// -redis local starts a redis-server from PATH on a free loopback port
+// for the run (stopped at the end), with persistence (appendonly yes,
+// appendfsync always) in a temporary directory. -faults LIST injects,
+// one after the other and spread over the trace, kill-redis (SIGKILL,
+// restart on the same port 2 s later) and pause-redis (SIGSTOP for 3 s),
+// which need -redis local; kill-worker (SIGKILL to one worker process of
+// -instances, 2 or more; a replacement starts 1 s later); restart-nats
+// (the embedded nats-server shuts down and starts again 1 s later on the
+// same store). The publisher retries until each job is in (its id
+// deduplicates a resend); with faults the consumer has no MaxDeliver, and
+// the run lasts until AckWait after the last fault. The summary lists the
+// faults and the jobs handled again because a fault caught their ack in
+// flight (explained, see explainDuplicates); any other duplicate fails
+// the check.
+//
 // -limiter picks the family: window (sliding window log; in memory, or
 // window.NewRedis with -redis), bucket (token bucket; bucket.NewLocal, or
 // bucket.NewRedis with -redis; capacity -burst, default each tenant's
@@ -104,8 +119,10 @@
 //	go run ./examples/worker -instances 3 -redis redis://localhost:6379/0
 //	go run ./examples/worker -instances 3 -redis redis://localhost:6379/0 -inflight 2 -work 200ms
 //	go run ./examples/worker -trace stdout | tail
+//	go run ./examples/worker -redis local -instances 3 -faults kill-redis,pause-redis,kill-worker,restart-nats
 //
-// The exit status is 1 when a job was not handled exactly once, when a
+// The exit status is 1 when a job was never handled or handled more than
+// once without a fault to explain it, when a
 // tenant was admitted beyond its limit (or its bucket's bound) or ran
 // more handlers at once than -inflight, when an
 // asynq task was archived, or on an error.
