@@ -146,6 +146,9 @@
 // up to its furthest reservation (horizon / Per + 1 windows of them).
 //
 // Both limiters are safe for concurrent use and implement
-// throttle.Limiter, throttle.IDLimiter and throttle.Algorithmer
-// ("sliding_window_log").
+// throttle.Limiter, throttle.IDLimiter, throttle.Refunder and
+// throttle.Algorithmer ("sliding_window_log"). Refund takes an id's units
+// (or its reservation) out of the log, as if the request had never been
+// made; throttle.All uses it to give back a request that another limit
+// rejected.
 package window
