@@ -28,15 +28,20 @@ type Part struct {
 // limit: each part decides atomically on its own store, and a give-back
 // takes back that request's units and never another's.
 //
-// AllowN asks the parts one after another, in order: each part that is a
-// [Refunder] is charged with AllowID under an id unique to the request
-// (reserving nothing), and after the first rejection the remaining parts
-// are only asked what they would say, with Peek when they have one
-// (nothing charged), otherwise charged and given back at once; then every
-// part that admitted is refunded. So put the part most likely to reject
-// first. At most one part may be a plain Limiter that cannot give back
-// (such as bucket.Hybrid): it is asked last, where nothing after it can
-// reject.
+// When every part is a [JointLimiter] and they agree to it (window.Redis
+// parts on one Redis client, their keys on one server or in one Redis
+// Cluster slot), a decision is one atomic step, one script call: nothing
+// is charged unless every part admits, so nothing needs giving back.
+//
+// Otherwise AllowN asks the parts one after another, in order: each part
+// that is a [Refunder] is charged with AllowID under an id unique to the
+// request (reserving nothing), and after the first rejection the
+// remaining parts are only asked what they would say, with Peek when they
+// have one (nothing charged), otherwise charged and given back at once;
+// then every part that admitted is refunded. So put the part most likely
+// to reject first. At most one part may be a plain Limiter that cannot
+// give back (such as bucket.Hybrid): it is asked last, where nothing after
+// it can reject.
 //
 // The Decision: Allowed when every part admitted. RetryAfter is the
 // largest of the rejecting parts'. Limit and Remaining are the tightest
@@ -48,7 +53,7 @@ type Part struct {
 // policy decided, else SourceRedis if a part made a round trip, else
 // SourceLocal. Reserved is always false.
 //
-// Without a shared atomic step, two requests racing can each hold a part's
+// Without the one atomic step, two requests racing can each hold a part's
 // room for the moment between a charge and its give-back: one may be
 // rejected by a part that the other, rejected elsewhere, held. That errs
 // on the side of the limits, never over them. A give-back that fails (the
@@ -108,6 +113,7 @@ func All(parts ...Part) (Limiter, error) {
 	if last != nil {
 		a.parts = append(a.parts, *last)
 	}
+	a.joint = jointOf(a.parts)
 	a.algorithm = "all(" + strings.Join(names, ",") + ")"
 	if err := a.ids.init(); err != nil {
 		return nil, fmt.Errorf("throttle: All: request ids: %w", err)
@@ -129,6 +135,7 @@ type all struct {
 	parts     []allPart // in asking order: the part that cannot give back last
 	algorithm string
 	ids       requestIDs
+	joint     *jointParts // nil: the parts cannot be decided in one step
 }
 
 type allPeek struct{ *all }
@@ -158,6 +165,11 @@ const maxStackParts = 8
 // AllowN admits n units for key if every part admits them, giving back the
 // charges of the parts that admitted when one rejects (see All).
 func (a *all) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	if a.joint != nil {
+		if d, ok, err := a.allowJoint(ctx, key, n); ok || err != nil {
+			return d, err
+		}
+	}
 	var c combined
 	var buf [maxStackParts]int
 	admitted := buf[:0] // indexes into a.parts of the parts to give back to

@@ -27,6 +27,11 @@ func TestAllConcurrent(t *testing.T) {
 	for _, f := range []allFamily{
 		{name: "Memory+Local", window: memoryWindow, bucket: localBucket},
 		{name: "Redis+Redis", window: redisWindow(client), bucket: redisBucket(client)},
+		// Every part a Redis window on one client: one script a decision
+		// (window.Redis.AllowJoint), nothing to give back.
+		{name: "Redis windows", window: redisWindow(client), bucket: func(t *testing.T, r throttle.Rate, _ int, c throttle.Clock) throttle.Limiter {
+			return redisWindow(client)(t, r, c)
+		}},
 	} {
 		t.Run(f.name, func(t *testing.T) {
 			var clock throttle.Clock // the Redis server's TIME

@@ -29,6 +29,8 @@
 // [Refunder] are charged under an id unique to the request, and when one
 // part rejects, what the others charged is given back by that id, so a
 // rejected request consumes nothing and no part is ever over its own
-// limit. RetryAfter is the largest of the rejecting parts'; Limit and
-// Remaining are the tightest part's.
+// limit. Parts that implement [JointLimiter] (Redis windows on one client
+// and slot) are decided together in one atomic script call instead.
+// RetryAfter is the largest of the rejecting parts'; Limit and Remaining
+// are the tightest part's.
 package throttle

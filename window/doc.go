@@ -150,5 +150,9 @@
 // throttle.Algorithmer ("sliding_window_log"). Refund takes an id's units
 // (or its reservation) out of the log, as if the request had never been
 // made; throttle.All uses it to give back a request that another limit
-// rejected.
+// rejected. Redis also implements throttle.JointLimiter: AllowJoint
+// decides one request in several Redis windows on one client (keys on one
+// server, or in one Redis Cluster slot) in one script, joint.lua, which
+// admits it in all of them or in none; throttle.All of such windows costs
+// one round trip.
 package window

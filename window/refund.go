@@ -18,8 +18,9 @@ import (
 // units AllowID admitted for it, while they are in the log, or its
 // reservation. The log is then as if the request had never been made:
 // its units count in no window (reservations placed after it keep their
-// slots, which only errs on the side of the limit). It reports whether id
-// held anything. The only error wraps throttle.ErrInvalidCost, for n < 1
+// slots, which only errs on the side of the limit). It reports whether it
+// found anything of id's (units that already left the window may still be
+// found, until the log drops them). The only error wraps throttle.ErrInvalidCost, for n < 1
 // or n > MaxCost. ctx is unused.
 func (m *Memory) Refund(_ context.Context, key string, n int, id string) (bool, error) {
 	if err := throttle.CheckCost(n, MaxCost); err != nil {
@@ -52,7 +53,8 @@ func (l *windowLog) refund(id string) bool {
 // reservation ("R1:"+id ..), in one script call (refund.lua), so the sorted set is as if the
 // request had never been made (reservations placed after it keep their
 // slots, which only errs on the side of the limit; the key's expiry stays).
-// It reports whether id held anything.
+// It reports whether it found anything of id's (units that already left
+// the window may still be found, until a decision drops them).
 //
 // Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > MaxCost,
 // before any Redis call; otherwise a Redis or context error (bounded by
