@@ -63,8 +63,9 @@ type Part struct {
 //
 // When a part fails, what the others charged is given back and AllowN
 // returns the part's error wrapped with its index ("throttle: All
-// parts[1]: ..."); errors.Is sees through it (ErrInvalidCost,
-// ErrInvalidKey, ErrClosed, context errors).
+// parts[1]: ..."; from the one atomic step, "throttle: All parts (one
+// step): ...", with nothing charged); errors.Is sees through it
+// (ErrInvalidCost, ErrInvalidKey, ErrClosed, context errors).
 //
 // The Limiter All returns has a Peek method, with the same shape as
 // window.Memory's (what AllowN would say; nothing charged), when every

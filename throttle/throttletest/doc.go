@@ -31,6 +31,11 @@
 // [RunWindowRealTime] checks the same rules, loosely, against a limiter on
 // its own clock (such as the Redis server's TIME), with real sleeps.
 //
+// [RunRefund] checks throttle.Refunder (an admission or a reservation
+// given back by its id, once), and [RunAll] checks throttle.All over two
+// limiters of one family against what the parts say alone, and that a
+// rejected request charges no part.
+//
 // Usage:
 //
 //	func TestConformance(t *testing.T) {
