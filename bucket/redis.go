@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
@@ -23,8 +24,7 @@ var (
 	//go:embed giveback.lua
 	giveBackLua string
 
-	// The scripts run with EVALSHA, and are reloaded with EVAL on NOSCRIPT.
-	takeScript     = redis.NewScript(bucketLua)
+	// giveBackScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
 	giveBackScript = redis.NewScript(giveBackLua)
 )
 
@@ -71,6 +71,8 @@ type Redis struct {
 	argPer, argCount, argCap any
 	argMaxDebt, argMem       any   // AllowID's: maxDebt and memUS (see params)
 	argInt                   []any // argInt[i] = strconv.Itoa(i), for small i
+
+	batch *coalesce.Batcher[takeReq, taken]
 }
 
 // maxArgInt bounds the precomputed small-integer arguments.
@@ -121,6 +123,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
 	}
+	l.batch = coalesce.New(l.timeout, maxBatch, l.takeOne, l.takeMany)
 	if cfg.server {
 		if cfg.clock != nil {
 			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: "cannot be combined with WithClock"}
@@ -231,7 +234,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
 	if err := l.ready(ctx); err != nil {
 		return err
 	}
-	keys := []string{rediskey.Key(l.prefix, key)}
+	keys := []string{l.key(key)}
 	var err error
 	if l.clock == nil {
 		err = giveBackScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n)).Err()
@@ -261,37 +264,8 @@ func maxDuration(a, b time.Duration) time.Duration {
 
 var errReply = errors.New("bucket: redis: unexpected script reply")
 
-// take runs bucket.lua: it returns the tokens taken (0 or min..max) and
-// the credit left (or there, when nothing was taken).
-func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, error) {
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
-	defer cancel()
-	if err := l.ready(ctx); err != nil {
-		return 0, 0, err
-	}
-	keys := []string{rediskey.Key(l.prefix, key)}
-	var cmd *redis.Cmd
-	if l.clock == nil {
-		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max))
-	} else {
-		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max), now)
-	}
-	res, err := cmd.Result()
-	if err != nil {
-		return 0, 0, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
-	}
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 2 {
-		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
-	}
-	granted, ok1 := vals[0].(int64)
-	credit, ok2 := vals[1].(int64)
-	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < -l.p.maxDebt || credit > l.p.cap {
-		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
-	}
-	return int(granted), credit, nil
-}
+// key returns the Redis key of key's bucket (see internal/rediskey).
+func (l *Redis) key(key string) string { return rediskey.Key(l.prefix, key) }
 
 // arg returns i as a boxed string argument, allocating only for large i.
 func (l *Redis) arg(i int) any {
