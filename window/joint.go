@@ -82,23 +82,22 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 			args[3] = "1"
 		}
 	}
-	res, err := jointScript.Run(ctx, l.client, rkeys, args...).Result()
+	vals, err := jointScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
 	if err != nil {
 		return nil, false, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 5*len(parts) {
-		return nil, false, fmt.Errorf("%w: %v", errReply, res)
+	if len(vals) != 5*len(parts) {
+		return nil, false, fmt.Errorf("%w: %v", errReply, vals)
 	}
 	ds := make([]throttle.Decision, len(parts))
 	for i := range ds {
-		d, err := l.decision(vals[5*i:5*i+5], limits[i])
-		if err != nil {
+		if err := decisions(vals[5*i:5*i+5], ds[i:i+1], limits[i]); err != nil {
 			return nil, false, err
 		}
+		d := ds[i]
 		d.Reserved = false
 		if !d.Allowed {
-			if v, _ := vals[5*i+4].(int64); v == 1 {
+			if vals[5*i+4] == 1 {
 				// Reservations ahead: the earliest gap may come before the
 				// tail. Nothing was written, so Peek sees the same log.
 				if p, err := ws[i].Peek(ctx, keys[i], n); err == nil {

@@ -66,7 +66,8 @@ func (l *Redis) Refund(ctx context.Context, key string, n int, id string) (bool,
 	}
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
-	removed, err := refundScript.Run(ctx, l.client, []string{l.key(key)}, strconv.Itoa(n), id).Int64()
+	k := l.key(key)
+	removed, err := refundScript.Run(ctx, l.client, []string{k, k + hintSuffix}, strconv.Itoa(n), id).Int64()
 	if err != nil {
 		return false, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}

@@ -1,6 +1,8 @@
 -- refund.lua: take back what one id holds in a window (Redis.Refund).
 --
 -- KEYS[1]  the key's sorted set (see window.lua).
+-- KEYS[2]  the key's slot-search hint (see window.lua), forgotten when a
+--          unit goes: a hint holds only while units are added.
 -- ARGV[1]  n, the cost the id was presented with (1 <= n <= MaxCost).
 -- ARGV[2]  id: AllowID's identity; its admitted units are members
 --          "A"..i..":"..id and its reserved ones "R"..i..":"..id, i = 1..n.
@@ -24,5 +26,8 @@ for _, kind in ipairs({ "A", "R" }) do
 		end
 		removed = removed + redis.call("ZREM", key, unpack(batch))
 	end
+end
+if removed > 0 then
+	redis.call("DEL", KEYS[2])
 end
 return removed
