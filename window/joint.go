@@ -42,6 +42,8 @@ var jointScript = redis.NewScript(jointLua)
 //
 // Errors are Redis or context errors (bounded by l's WithTimeout),
 // wrapped as "window: redis: ...": nothing is then known to be charged.
+// As for AllowN, a script that runs more than 1 s after ctx's deadline
+// (a stalled Redis) applies nothing and the call fails.
 func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys []string, n int) ([]throttle.Decision, bool, error) {
 	if len(parts) == 0 || len(parts) != len(keys) || n < 1 || n > MaxCost {
 		return nil, false, nil
@@ -49,7 +51,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	ws := make([]*Redis, len(parts))
 	limits := make([]int, len(parts))
 	rkeys := make([]string, 0, 2*len(parts))
-	args := make([]any, 4, 4+2*len(parts))
+	args := make([]any, 5, 5+2*len(parts))
 	for i, p := range parts {
 		w, ok := p.(*Redis)
 		if !ok || !same(w.client, l.client) || !sameClock(w.clock, l.clock) || (w.server != nil && len(parts) > 1) {
@@ -69,8 +71,10 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	}
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
-	args[0], args[1], args[2], args[3] = strconv.Itoa(n), l.member.next(), "", "0"
-	if l.clock != nil {
+	args[0], args[1], args[2], args[3], args[4] = strconv.Itoa(n), l.member.next(), "", "0", argNoExpiry
+	if l.clock == nil {
+		args[4] = l.expiry(ctx) // a stalled Redis applies nothing late
+	} else {
 		if l.server != nil {
 			if err := l.server.Ready(ctx); err != nil {
 				return nil, false, fmt.Errorf("window: redis: %w", err)
@@ -85,6 +89,9 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	vals, err := jointScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
 	if err != nil {
 		return nil, false, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
+	}
+	if len(vals) == 1 && vals[0] == -1 {
+		return nil, false, errLate
 	}
 	if len(vals) != 5*len(parts) {
 		return nil, false, fmt.Errorf("%w: %v", errReply, vals)

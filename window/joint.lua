@@ -12,8 +12,11 @@
 --             TIME (rounded up, the windows one µs longer: see window.lua).
 -- ARGV[4]     "1" if the client's reading had a part below the µs (the
 --             windows one µs longer), else "0".
--- ARGV[3+2i]  window i, µs.
--- ARGV[4+2i]  limit i.
+-- ARGV[5]     with the server's TIME: an instant, µs, after which the
+--             script applies nothing and returns {-1} (its caller has
+--             given up: see window.lua). "": none.
+-- ARGV[4+2i]  window i, µs.
+-- ARGV[5+2i]  limit i.
 --
 -- With a client clock, now is clamped to the newest floor of them all.
 -- Each window first drops what left it. n fits in a window when count + n
@@ -49,6 +52,9 @@ else
 	local t = redis.call("TIME")
 	now = t[1] * 1000000 + t[2] + 1
 	slack = 1
+	if ARGV[5] ~= "" and now > tonumber(ARGV[5]) then
+		return { -1 }
+	end
 end
 
 local function excl(x)
@@ -101,9 +107,9 @@ local counts = {}
 local all = true
 for i = 1, parts do
 	local key = KEYS[2 * i - 1]
-	local window = tonumber(ARGV[3 + 2 * i]) + slack
-	local nominal = tonumber(ARGV[3 + 2 * i])
-	local limit = tonumber(ARGV[4 + 2 * i])
+	local window = tonumber(ARGV[4 + 2 * i]) + slack
+	local nominal = tonumber(ARGV[4 + 2 * i])
+	local limit = tonumber(ARGV[5 + 2 * i])
 	redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
 	local count = redis.call("ZCARD", key)
 	counts[i] = count
@@ -136,7 +142,7 @@ end
 
 for i = 1, parts do
 	local key = KEYS[2 * i - 1]
-	local window = tonumber(ARGV[3 + 2 * i]) + slack
+	local window = tonumber(ARGV[4 + 2 * i]) + slack
 	local args = {}
 	local j = 1
 	while j <= n do

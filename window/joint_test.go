@@ -130,3 +130,42 @@ func TestOneSlot(t *testing.T) {
 		t.Error("one server: any keys")
 	}
 }
+
+// TestRedisAllowJointStalled: a joint decision whose caller gave up
+// before a stalled Redis ran it applies nothing when Redis resumes, as
+// AllowN's (see TestStalledRedisAppliesNothingLate).
+func TestRedisAllowJointStalled(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	rate := throttle.Rate{Count: 2, Per: time.Minute}
+	a := newTestRedis(t, client, rate, WithTimeout(100*time.Millisecond))
+	b := newTestRedis(t, client, rate, WithTimeout(100*time.Millisecond))
+	parts, keys := []throttle.Limiter{a, b}, []string{"k", "k"}
+	if _, ok, err := a.AllowJoint(ctx, parts, keys, 1); err != nil || !ok { // connect, load the script
+		t.Fatalf("AllowJoint: ok %v, %v", ok, err)
+	}
+	direct := srv.Client(t)
+	scripts := redistest.ScriptCalls(t, direct)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := a.AllowJoint(ctx, parts, keys, 1)
+	time.Sleep(100*time.Millisecond + lateSlack) // the deadline passes while Redis is stopped
+	if rerr := srv.Resume(); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err == nil {
+		t.Fatal("AllowJoint while Redis is stopped succeeded, want a timeout")
+	}
+	for deadline := time.Now().Add(5 * time.Second); redistest.ScriptCalls(t, direct) < scripts+1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled call never ran")
+		}
+	}
+	for _, w := range []*Redis{a, b} {
+		if d, err := w.Peek(ctx, "k", 1); err != nil || !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("after the stalled call: %+v, %v; want 1 unit held (the first call's), room for 1", d, err)
+		}
+	}
+}
