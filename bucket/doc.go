@@ -102,6 +102,16 @@
 // unknown key is not an error. Every limiter here passes
 // throttletest.RunBucketQuotas and throttletest.RunPeekReset.
 //
+// # Refunds
+//
+// Local and Redis implement throttle.Refunder: Refund(ctx, key, n, id)
+// gives back the n tokens that AllowID took for id (its admission, while
+// the bucket remembers the id, or its reservation) without moving the
+// refill timeline, capped at burst, and forgets the id, so that refunding
+// twice gives back once. throttle.All uses it to give back a request that
+// another limit rejected. The Hybrid has no Refund: in a throttle.All it
+// may be the one part that cannot give back, which is asked last.
+//
 // # Errors
 //
 // Constructors return errors wrapping throttle.ErrInvalidOption that name

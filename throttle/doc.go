@@ -20,4 +20,17 @@
 // idempotent. This follows golang.org/x/time/rate's Reservation for token
 // buckets, and for the sliding window log places each reservation at the
 // earliest instant that keeps every window within the limit.
+//
+// # Stacked limits
+//
+// [All] stacks limits: a request is admitted only if every [Part] admits
+// it (a tenant's window AND a partner API's global quota AND one
+// endpoint's), each part asked with its own key. Parts that implement
+// [Refunder] are charged under an id unique to the request, and when one
+// part rejects, what the others charged is given back by that id, so a
+// rejected request consumes nothing and no part is ever over its own
+// limit. Parts that implement [JointLimiter] (Redis windows on one client
+// and slot) are decided together in one atomic script call instead.
+// RetryAfter is the largest of the rejecting parts'; Limit and Remaining
+// are the tightest part's.
 package throttle

@@ -173,6 +173,13 @@
 // up to its furthest reservation (horizon / Per + 1 windows of them).
 //
 // Both limiters are safe for concurrent use and implement
-// throttle.Limiter, throttle.IDLimiter and throttle.Algorithmer
-// ("sliding_window_log").
+// throttle.Limiter, throttle.IDLimiter, throttle.Refunder and
+// throttle.Algorithmer ("sliding_window_log"). Refund takes an id's units
+// (or its reservation) out of the log, as if the request had never been
+// made; throttle.All uses it to give back a request that another limit
+// rejected. Redis also implements throttle.JointLimiter: AllowJoint
+// decides one request in several Redis windows on one client (keys on one
+// server, or in one Redis Cluster slot) in one script, joint.lua, which
+// admits it in all of them or in none; throttle.All of such windows costs
+// one round trip.
 package window

@@ -37,6 +37,11 @@
 // quota, a change applying from the next decision), and [RunPeekReset]
 // (Peek says what AllowN would and charges nothing; Reset forgets a key).
 //
+// [RunRefund] checks throttle.Refunder (an admission or a reservation
+// given back by its id, once), and [RunAll] checks throttle.All over two
+// limiters of one family against what the parts say alone, and that a
+// rejected request charges no part.
+//
 // Usage:
 //
 //	func TestConformance(t *testing.T) {

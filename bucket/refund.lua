@@ -1,0 +1,93 @@
+-- refund.lua: take back what one id holds in a token bucket
+-- (Redis.Refund): the tokens that AllowID took for its admission or its
+-- reservation, given back without moving the refill timeline (as
+-- giveback.lua), and the id forgotten, in one step, so that refunding
+-- twice gives back once.
+--
+-- KEYS[1]  the bucket's hash {tokens, ts, per} (see bucket.lua).
+-- KEYS[2]  the key's ids (see bucket_id.lua): "A:"..id, "R:"..id.
+-- ARGV[1]  per: credit per token = the refill period in µs.
+-- ARGV[2]  count: credit added per µs.
+-- ARGV[3]  cap: credit of a full bucket.
+-- ARGV[4]  n: the cost the id was presented with (1 <= n <= burst).
+-- ARGV[5]  id: the request's identity.
+-- ARGV[6]  memory: how long an id is remembered, µs (bucket_id.lua's
+--          ARGV[8]).
+-- ARGV[7]  optional: now, µs, from the client's clock. Absent: the
+--          server's TIME.
+--
+-- An id is held while bucket_id.lua would still know it: admitted after
+-- now - memory, or reserved. Then both its members go, and credit grows by
+-- n * per, capped at cap; ts stays. A missing hash is a full bucket and
+-- stays missing. The hash's expiry moves to the instant it is now full
+-- (deleted if that is already past).
+--
+-- Returns 1 if the id held something, else 0 (and writes nothing).
+
+local key = KEYS[1]
+local ids = KEYS[2]
+local per = tonumber(ARGV[1])
+local count = tonumber(ARGV[2])
+local cap = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local id = ARGV[5]
+local memory = tonumber(ARGV[6])
+
+local now
+if ARGV[7] then
+	now = tonumber(ARGV[7])
+else
+	local t = redis.call("TIME")
+	now = t[1] * 1000000 + t[2]
+end
+
+local s = redis.call("ZMSCORE", ids, "A:" .. id, "R:" .. id)
+local held = s[2] ~= false or (s[1] ~= false and tonumber(s[1]) > now - memory)
+if not held then
+	return 0
+end
+redis.call("ZREM", ids, "A:" .. id, "R:" .. id)
+
+local st = redis.call("HMGET", key, "tokens", "ts", "per")
+local credit = tonumber(st[1])
+local ts = tonumber(st[2])
+if credit == nil or ts == nil then
+	return 1
+end
+local sp = tonumber(st[3])
+if sp ~= nil and sp ~= per then
+	-- Counted in another period (a changed quota): whole tokens, as
+	-- bucket.lua converts them.
+	local t = math.floor(credit / sp)
+	local lo = -math.floor((9007199254740992 - cap) / per)
+	if t > cap / per then
+		t = cap / per
+	elseif t < lo then
+		t = lo
+	end
+	credit = t * per
+end
+credit = credit + n * per
+if credit > cap then
+	credit = cap
+end
+if now < ts then
+	now = ts
+end
+-- The bucket is full at ts + ceil((cap - credit) / count).
+local full = math.floor((cap - credit) / count)
+if full * count < cap - credit then
+	full = full + 1
+end
+local left = ts + full - now
+if left <= 0 then
+	redis.call("DEL", key)
+	return 1
+end
+redis.call("HSET", key, "tokens", credit, "per", per)
+local ttl = math.floor(left / 1000)
+if ttl * 1000 < left then
+	ttl = ttl + 1
+end
+redis.call("PEXPIRE", key, ttl)
+return 1

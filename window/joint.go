@@ -1,0 +1,154 @@
+package window
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"reflect"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+//go:embed joint.lua
+var jointLua string
+
+var jointScript = redis.NewScript(jointLua)
+
+// AllowJoint decides a request of cost n in several Redis windows at once
+// (see throttle.JointLimiter), in one script call (joint.lua): n units are
+// admitted in every window, at one instant, only if each window admits
+// them by AllowN's rule; otherwise none is written. throttle.All uses it,
+// so stacked Redis windows cost one round trip and never hold room for a
+// request that another of them rejects.
+//
+// It applies (ok) when every part is a *Redis on the same client as l,
+// all on the Redis server's TIME or all on one comparable WithClock clock
+// (WithServerClock: a single window only), the client is a *redis.Client
+// (one server: any keys) or a *redis.ClusterClient with every key in one
+// hash slot (the same key under different prefixes, for example), and n
+// is a cost every window accepts (else the caller's one-by-one path gives
+// the error). A rejected window's RetryAfter is AllowN's: with
+// reservations ahead of now, a Peek of that window (a second round trip)
+// finds the earliest gap. The decisions' Source is throttle.SourceRedis.
+// With a client clock, the instant is the newest of the windows' clock
+// floors.
+//
+// Errors are Redis or context errors (bounded by l's WithTimeout),
+// wrapped as "window: redis: ...": nothing is then known to be charged.
+// As for AllowN, a script that runs more than 1 s after ctx's deadline
+// (a stalled Redis) applies nothing and the call fails.
+func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys []string, n int) ([]throttle.Decision, bool, error) {
+	if len(parts) == 0 || len(parts) != len(keys) || n < 1 || n > MaxCost {
+		return nil, false, nil
+	}
+	ws := make([]*Redis, len(parts))
+	limits := make([]int, len(parts))
+	rkeys := make([]string, 0, 2*len(parts))
+	args := make([]any, 5, 5+2*len(parts))
+	for i, p := range parts {
+		w, ok := p.(*Redis)
+		if !ok || !same(w.client, l.client) || !sameClock(w.clock, l.clock) || (w.server != nil && len(parts) > 1) {
+			return nil, false, nil
+		}
+		r, err := quotaOf(w.quotas, w.rate, keys[i])
+		if err != nil || throttle.CheckCost(n, r.Count) != nil || redisopt.CheckExact("Rate.Count", int64(r.Count)) != nil {
+			return nil, false, nil
+		}
+		ws[i], limits[i] = w, r.Count
+		k := w.key(keys[i])
+		rkeys = append(rkeys, k, k+floorSuffix)
+		args = append(args, strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count))
+	}
+	if !oneSlot(l.client, rkeys) {
+		return nil, false, nil
+	}
+	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	defer cancel()
+	args[0], args[1], args[2], args[3], args[4] = strconv.Itoa(n), l.member.next(), "", "0", argNoExpiry
+	if l.clock == nil {
+		args[4] = l.expiry(ctx) // a stalled Redis applies nothing late
+	} else {
+		if l.server != nil {
+			if err := l.server.Ready(ctx); err != nil {
+				return nil, false, fmt.Errorf("window: redis: %w", err)
+			}
+		}
+		now, slack := instant(l.clock.Now(), 0)
+		args[2] = strconv.FormatInt(now, 10)
+		if slack != 0 {
+			args[3] = "1"
+		}
+	}
+	vals, err := jointScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
+	if err != nil {
+		return nil, false, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
+	}
+	if len(vals) == 1 && vals[0] == -1 {
+		return nil, false, errLate
+	}
+	if len(vals) != 5*len(parts) {
+		return nil, false, fmt.Errorf("%w: %v", errReply, vals)
+	}
+	ds := make([]throttle.Decision, len(parts))
+	for i := range ds {
+		if err := decisions(vals[5*i:5*i+5], ds[i:i+1], limits[i]); err != nil {
+			return nil, false, err
+		}
+		d := ds[i]
+		d.Reserved = false
+		if !d.Allowed {
+			if vals[5*i+4] == 1 {
+				// Reservations ahead: the earliest gap may come before the
+				// tail. Nothing was written, so Peek sees the same log.
+				if p, err := ws[i].Peek(ctx, keys[i], n); err == nil {
+					d.RetryAfter = max(p.RetryAfter, time.Millisecond)
+				}
+			}
+		}
+		ds[i] = d
+	}
+	return ds, true, nil
+}
+
+// sameClock reports whether two windows read one clock: both the Redis
+// server's TIME (nil), or one comparable clock value.
+func sameClock(a, b throttle.Clock) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return same(a, b)
+}
+
+// same reports whether a and b are one comparable value (== would panic
+// on values of an incomparable type, such as a func).
+func same(a, b any) bool {
+	ta := reflect.TypeOf(a)
+	return ta == reflect.TypeOf(b) && ta.Comparable() && a == b
+}
+
+// oneSlot reports whether one script may touch all of keys through c: on
+// one server, any keys; on a Redis Cluster, keys of one hash slot.
+func oneSlot(c redis.Scripter, keys []string) bool {
+	switch c.(type) {
+	case *redis.Client:
+		return true
+	case *redis.ClusterClient:
+		slot := rediskey.Slot(keys[0])
+		for _, k := range keys[1:] {
+			if rediskey.Slot(k) != slot {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+var _ throttle.JointLimiter = (*Redis)(nil)
