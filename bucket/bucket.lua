@@ -9,6 +9,8 @@
 -- KEYS[1]  the bucket's hash: tokens = credit at ts (an integer), ts = µs
 --          since the Unix epoch at which credit was measured. A missing
 --          key is a full bucket.
+-- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which
+--          every take is refused; missing when not paused.
 -- ARGV[1]  per: credit per token = the refill period in µs (integer).
 -- ARGV[2]  count: credit added per µs = tokens per period (integer).
 -- ARGV[3]  cap: credit of a full bucket = burst * per.
@@ -25,7 +27,8 @@
 --
 -- Returns {granted, credit}: granted = whole tokens taken (0 or
 -- min..max); credit = what is left after taking, or what is there when
--- nothing was taken. The caller derives remaining tokens and waits from
+-- nothing was taken. While the key is paused: {0, credit, left}, left =
+-- the µs until the pause ends, writing nothing. The caller derives remaining tokens and waits from
 -- credit with integer arithmetic.
 
 local key = KEYS[1]
@@ -55,6 +58,12 @@ elseif now > ts then
 end
 if credit > cap then
 	credit = cap
+end
+
+-- Paused (Pause): take nothing, write nothing.
+local pausedUntil = tonumber(redis.call("GET", KEYS[2]))
+if pausedUntil and pausedUntil > now then
+	return {0, credit, pausedUntil - now}
 end
 
 if credit < want * per then

@@ -72,3 +72,38 @@ func TestRedisReservations(t *testing.T) {
 		return l
 	})
 }
+
+func TestLocalPause(t *testing.T) {
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		l, err := NewLocal(r, r.Count, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, nil
+	})
+}
+
+func TestRedisPause(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		prefix := freshPrefix()
+		var ls [2]throttle.Pauser
+		for i := range ls {
+			l, err := NewRedis(client, r, r.Count, WithClock(c), WithPrefix(prefix), WithTimeout(redistest.CallTimeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls[i] = l
+		}
+		return ls[0], ls[1]
+	})
+}
+
+func TestHybridPause(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		prefix := freshPrefix()
+		return newTestHybrid(t, client, r, r.Count, WithClock(c), WithPrefix(prefix)),
+			newTestHybrid(t, client, r, r.Count, WithClock(c), WithPrefix(prefix))
+	})
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -160,6 +161,7 @@ type Hybrid struct {
 	seed   maphash.Seed
 	mask   uint64
 	shards []hybridShard
+	pauses pause.Set // Pause, and pauses learned from lease replies
 
 	closed   atomic.Bool
 	life     sync.RWMutex // orders wg.Add (under RLock) before Close's Wait
@@ -336,6 +338,9 @@ func (h *Hybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decisi
 	}
 	now := h.clock.Now()
 	s, e := h.lock(key)
+	if left := h.pauses.Left(key, now.UnixMicro()); left > 0 {
+		return h.pausedDecision(ctx, s, e, now, n, left), nil
+	}
 	e.observe(now, n)
 	if !h.healthAt(e.slot).down.Load() {
 		if e.stock > 0 && e.oldest(now) {
@@ -482,8 +487,11 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 				return h.fallback(ctx, e.key, n, c.err)
 			}
 			s, e = h.relock(e)
+			now := h.clock.Now()
+			if left := h.pauses.Left(e.key, now.UnixMicro()); left > 0 {
+				return h.pausedDecision(ctx, s, e, now, n, left), nil
+			}
 			if !h.healthAt(e.slot).down.Load() {
-				now := h.clock.Now()
 				if e.stock >= n {
 					e.take(n)
 					return h.redisDecision(ctx, s, e, now, n, true, 0), nil
@@ -527,6 +535,9 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 			continue
 		}
 		h.applyGrant(e, now, g)
+		if g.paused > 0 {
+			return pause.Decision(h.redisDecision(ctx, s, e, now, n, false, g.retryAfter), g.paused), nil
+		}
 		if e.stock >= n {
 			e.take(n)
 			return h.redisDecision(ctx, s, e, now, n, true, 0), nil

@@ -44,6 +44,9 @@ func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon
 		return throttle.Decision{}, errHorizon(horizon)
 	}
 	now := l.now()
+	if left := l.pauses.Left(key, now); left > 0 {
+		return l.paused(key, n, now, left), nil
+	}
 	st := l.locked(key, now)
 	d := l.decideID(st, now, n, id, horizonMicros(horizon))
 	st.mu.Unlock()

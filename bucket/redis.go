@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
@@ -167,11 +168,15 @@ func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decisio
 	if n < 1 || n > l.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, l.p.burst)
 	}
-	granted, credit, err := l.take(ctx, key, n, n)
+	granted, credit, paused, err := l.take(ctx, key, n, n)
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	return l.p.decision(granted > 0, n, credit, l.rate.Count, throttle.SourceRedis), nil
+	d := l.p.decision(granted > 0, n, credit, l.rate.Count, throttle.SourceRedis)
+	if paused > 0 {
+		d = pause.Decision(d, micros(paused))
+	}
+	return d, nil
 }
 
 // grant is the result of a lease call.
@@ -180,6 +185,7 @@ type grant struct {
 	remaining  float64       // tokens left in the Redis bucket after the call
 	retryAfter time.Duration // when granted < min: time until min tokens will be there (ms, rounded up, > 0); else 0
 	resetAfter time.Duration // time until the Redis bucket is full again (ms, rounded up)
+	paused     time.Duration // > 0: the key is paused for this long more (ms, rounded up), and nothing was granted
 }
 
 // lease atomically takes from key's Redis bucket as many whole tokens as
@@ -200,7 +206,7 @@ func (l *Redis) lease(ctx context.Context, key string, min, max int) (grant, err
 		return grant{}, fmt.Errorf("%w: lease max=%d is below min=%d", throttle.ErrInvalidCost, max, min)
 	}
 	max = minInt(max, l.p.burst)
-	granted, credit, err := l.take(ctx, key, min, max)
+	granted, credit, paused, err := l.take(ctx, key, min, max)
 	if err != nil {
 		return grant{}, err
 	}
@@ -211,6 +217,11 @@ func (l *Redis) lease(ctx context.Context, key string, min, max int) (grant, err
 	}
 	if granted == 0 {
 		g.retryAfter = maxDuration(micros(l.p.waitUS(int64(min)*l.p.perUS, credit)), time.Millisecond)
+	}
+	if paused > 0 {
+		g.paused = maxDuration(micros(paused), time.Millisecond)
+		g.retryAfter = maxDuration(g.retryAfter, g.paused)
+		g.resetAfter = maxDuration(g.resetAfter, g.paused)
 	}
 	return g, nil
 }
@@ -261,15 +272,16 @@ func maxDuration(a, b time.Duration) time.Duration {
 
 var errReply = errors.New("bucket: redis: unexpected script reply")
 
-// take runs bucket.lua: it returns the tokens taken (0 or min..max) and
-// the credit left (or there, when nothing was taken).
-func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, error) {
+// take runs bucket.lua: it returns the tokens taken (0 or min..max), the
+// credit left (or there, when nothing was taken) and, when the key is
+// paused, the µs left of the pause (else 0).
+func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, int64, error) {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	if err := l.ready(ctx); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	keys := []string{rediskey.Key(l.prefix, key)}
+	keys := takeKeys(rediskey.Key(l.prefix, key))
 	var cmd *redis.Cmd
 	if l.clock == nil {
 		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max))
@@ -279,18 +291,22 @@ func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64,
 	}
 	res, err := cmd.Result()
 	if err != nil {
-		return 0, 0, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
+		return 0, 0, 0, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 2 {
-		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
+	if !ok || len(vals) < 2 || len(vals) > 3 {
+		return 0, 0, 0, fmt.Errorf("%w: %v", errReply, res)
 	}
 	granted, ok1 := vals[0].(int64)
 	credit, ok2 := vals[1].(int64)
 	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < -l.p.maxDebt || credit > l.p.cap {
-		return 0, 0, fmt.Errorf("%w: %v", errReply, res)
+		return 0, 0, 0, fmt.Errorf("%w: %v", errReply, res)
 	}
-	return int(granted), credit, nil
+	paused, err := pausedReply(vals, 2, granted == 0)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("%w: %v", err, res)
+	}
+	return int(granted), credit, paused, nil
 }
 
 // arg returns i as a boxed string argument, allocating only for large i.

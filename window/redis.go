@@ -214,9 +214,9 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon s
 	var err error
 	k := l.key(key)
 	if l.clock == nil {
-		res, err = windowScript.Run(ctx, l.client, []string{k}, argWin, argLimit, argN, member, horizon).Result()
+		res, err = windowScript.Run(ctx, l.client, scriptKeys(k, false), argWin, argLimit, argN, member, horizon).Result()
 	} else {
-		keys := []string{k, k + floorSuffix}
+		keys := scriptKeys(k, true)
 		now, slack := instant(l.clock.Now(), 0)
 		if slack == 0 {
 			res, err = windowScript.Run(ctx, l.client, keys, argWin, argLimit, argN, member, horizon, strconv.FormatInt(now, 10)).Result()

@@ -5,7 +5,9 @@
 --          instant in µs since the Unix epoch: admitted units at the
 --          instant they were admitted, reserved units at their future
 --          slot. A unit at t counts during [t, t+window).
--- KEYS[2]  with a client clock (ARGV[6]) only: the key's clock floor, the
+-- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which
+--          every decision is a rejection; missing when not paused.
+-- KEYS[3]  with a client clock (ARGV[6]) only: the key's clock floor, the
 --          newest admission instant (a string key in the same slot).
 -- ARGV[1]  window, µs (integer).
 -- ARGV[2]  limit: the most units any window may hold (integer >= 1).
@@ -37,6 +39,10 @@
 -- the horizon. Every write extends the key's expiry to cover its newest
 -- unit and the grace (PEXPIRE NX and GT: Redis 7.0 or newer).
 --
+-- While KEYS[2] holds an instant after now the key is paused: the script
+-- rejects at once, writing nothing, with remaining 0, retry_after_us the
+-- time left of the pause and reset_after_us at least as long.
+--
 -- Returns {allowed (0|1), remaining, retry_after_us, reset_after_us,
 -- reserved (0|1)}: remaining = limit - units held after the decision
 -- (reservations included), at least 0; retry_after_us = 0 when admitted,
@@ -59,13 +65,15 @@ if withID then
 	grace = math.min(horizon, 10000000)
 end
 
+local floorKey = KEYS[3]
+
 local now
 if ARGV[6] then
 	now = tonumber(ARGV[6])
 	if ARGV[7] then
 		window = window + 1 -- the reading lay between two µs (see instant)
 	end
-	local floor = tonumber(redis.call("GET", KEYS[2]))
+	local floor = tonumber(redis.call("GET", floorKey))
 	if floor and floor > now then
 		now = floor
 	end
@@ -76,6 +84,18 @@ else
 	local t = redis.call("TIME")
 	now = t[1] * 1000000 + t[2] + 1
 	window = window + 1
+end
+
+-- Paused (Pause): reject, writing nothing; RetryAfter is the time left,
+-- ResetAfter covers the newest unit as well.
+local pausedUntil = tonumber(redis.call("GET", KEYS[2]))
+if pausedUntil and pausedUntil > now then
+	local left = pausedUntil - now
+	local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+	if top and top + nominal - now > left then
+		return {0, 0, left, top + nominal - now, 0}
+	end
+	return {0, 0, left, left, 0}
 end
 
 -- excl is the exclusive score bound "(x" (string.format keeps every digit,
@@ -113,8 +133,8 @@ if n == 1 and count < limit and not peek then
 		else
 			later = redis.call("PEXPIRE", key, ms, "GT") == 0
 		end
-		if KEYS[2] then
-			redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
+		if floorKey then
+			redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
 		end
 		local reset = nominal
 		if later then
@@ -187,8 +207,8 @@ local function admit()
 		zadd(now, nil)
 	end
 	local later = expire(now, fresh)
-	if KEYS[2] then
-		redis.call("SET", KEYS[2], now, "PX", math.ceil(window / 1000))
+	if floorKey then
+		redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
 	end
 	local reset = nominal
 	if later then
