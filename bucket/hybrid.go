@@ -133,6 +133,21 @@ const (
 // broker with the RetryAfter and the consumer's jitter, instead of
 // reserving.
 //
+// Pauses. Pause records a pause in this process (kept apart from the
+// per-key state, so no eviction forgets it) and in Redis beside the key's
+// bucket, where every lease is refused until it ends. A Hybrid learns of a
+// pause made by another process from its next lease call on the key (the
+// refused lease carries the time left) and from then on rejects locally,
+// with that RetryAfter and no further call, returning its stock. Until
+// then it may still spend the stock it holds: tokens leased before the
+// pause, at most one lease (a quarter of the burst, or burst/(2 ×
+// instances) with WithLocalShare) and for at most 500 ms after their lease
+// (held tokens older than that go back to Redis and the next request
+// calls it). So a pause made elsewhere holds in every Hybrid at most 500 ms
+// plus one call timeout after it was recorded, and no Hybrid admits more
+// than its stock meanwhile. While Redis is unreachable, only the pauses
+// this process knows of hold.
+//
 // A Hybrid is safe for concurrent use. Its per-key state is bounded by
 // WithMaxKeys (default 10000) and kept in LRU caches (hashicorp/golang-lru's
 // simplelru). Close stops its background work and returns unused tokens;

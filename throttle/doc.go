@@ -20,4 +20,14 @@
 // idempotent. This follows golang.org/x/time/rate's Reservation for token
 // buckets, and for the sliding window log places each reservation at the
 // earliest instant that keeps every window within the limit.
+//
+// # Pause
+//
+// A limiter that implements [Pauser] can stop admitting one key for a
+// while: [Gate.Pause] pauses the key in every process sharing the
+// limiter's store, and until the pause ends every decision for it is a
+// rejection with a RetryAfter of at least the time left. The consumers'
+// Backoff helpers (natsthrottle.Backoff, asynqthrottle.Backoff) call it
+// when a handler reports that the partner answered 429 with a
+// Retry-After, the feedback BullMQ's rateLimit(ms) gives.
 package throttle

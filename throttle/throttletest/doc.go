@@ -31,6 +31,13 @@
 // [RunWindowRealTime] checks the same rules, loosely, against a limiter on
 // its own clock (such as the Redis server's TIME), with real sleeps.
 //
+// [RunPause] checks Pause (throttle.Pauser) on windows and token buckets
+// alike: while paused every decision (AllowN, AllowID, Peek) is a
+// rejection with Remaining 0 and RetryAfter the time left, charging and
+// reserving nothing; a longer pause extends, a shorter one never shortens;
+// d <= 0 is refused naming "d"; Reset ends a pause; and a peer limiter on
+// the same store sees it.
+//
 // Usage:
 //
 //	func TestConformance(t *testing.T) {
