@@ -29,5 +29,9 @@
 // rejection with a RetryAfter of at least the time left. The consumers'
 // Backoff helpers (natsthrottle.Backoff, asynqthrottle.Backoff) call it
 // when a handler reports that the partner answered 429 with a
-// Retry-After, the feedback BullMQ's rateLimit(ms) gives.
+// Retry-After, the feedback BullMQ's rateLimit(ms) gives. With [WithAIMD]
+// a pause also halves the key's limit in an [AIMD], which grows it back by
+// a step per Per (a QuotaFunc for the limiter): fewer 429s from a partner
+// whose quota is below the configured limit, at some cost in throughput
+// (see TestAIMDHiddenQuota for figures).
 package throttle

@@ -37,7 +37,7 @@ var ErrCannotPause = errors.New("throttle: the limiter cannot pause")
 // every decision for key is a rejection with a RetryAfter of at least the
 // time left, in every process sharing the limiter's store. The consumers'
 // Backoff helpers call it when a handler reports that the partner answered
-// 429.
+// 429. With WithAIMD, a successful pause also halves the key's limit.
 //
 // Errors: one wrapping ErrCannotPause when the limiter does not implement
 // Pauser; ErrInvalidOption for the zero Gate and for a d the limiter
@@ -53,6 +53,9 @@ func (g *Gate) Pause(ctx context.Context, key string, d time.Duration) error {
 		return fmt.Errorf("%w: %T", ErrCannotPause, g.limiter)
 	}
 	err := p.Pause(ctx, key, d)
+	if g.aimd != nil && err == nil {
+		g.aimd.Decrease(key)
+	}
 	if g.logger != nil {
 		if err != nil {
 			g.logger.LogAttrs(ctx, slog.LevelWarn, "throttle: pause failed",
