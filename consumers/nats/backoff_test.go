@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/window"
 )
@@ -168,5 +169,75 @@ func TestBackoffErrors(t *testing.T) {
 	}
 	if errs := reported.all(); len(errs) != 1 || !errors.Is(errs[0], throttle.ErrCannotPause) {
 		t.Errorf("error handler got %v; want the ErrCannotPause once", errs)
+	}
+}
+
+// TestBackoffPausesKeyForEveryone: two workers on one consumer, each with
+// its own Gate over one Redis window. After one backs off a message, the
+// key's next message waits out the pause whichever worker it reaches;
+// another key's message does not wait.
+func TestBackoffPausesKeyForEveryone(t *testing.T) {
+	e := newEnv(t)
+	cfg := jetstream.ConsumerConfig{AckWait: 5 * time.Second}
+	c := e.consumer(t, cfg)
+	client := redistest.Start(t).Client(t)
+	prefix := redistest.Prefix("natsthrottle")
+	const d = 1500 * time.Millisecond
+	var mu sync.Mutex
+	handled := map[string]time.Time{} // data -> when handled (acked)
+	var backedOff time.Time
+	handle := func(msg jetstream.Msg) {
+		mu.Lock()
+		first := string(msg.Data()) == "a" && backedOff.IsZero()
+		if first {
+			backedOff = time.Now()
+		}
+		mu.Unlock()
+		if first {
+			if err := Backoff(msg, d); err != nil {
+				t.Errorf("Backoff: %v", err)
+			}
+			return
+		}
+		_ = msg.Ack()
+		mu.Lock()
+		handled[string(msg.Data())] = time.Now()
+		mu.Unlock()
+	}
+	for range 2 {
+		lim, err := window.NewRedis(client, throttle.Rate{Count: 100, Per: time.Minute},
+			window.WithPrefix(prefix), window.WithTimeout(redistest.CallTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := throttle.NewGate(lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		consume(t, c, newHandler(t, handle, g, WithConsumerConfig(cfg)).Handle)
+	}
+	e.publish(t, "jobs.partner", "a", nil)
+	waitFor(t, 10*time.Second, "the Backoff", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return !backedOff.IsZero()
+	})
+	// The key's next message, and another key's.
+	e.publish(t, "jobs.partner", "b", nil)
+	e.publish(t, "jobs.other", "c", nil)
+	waitFor(t, 15*time.Second, "three messages handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled) == 3
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, data := range []string{"a", "b"} {
+		if gap := handled[data].Sub(backedOff); gap < d {
+			t.Errorf("message %s of the paused key handled %v after the Backoff, want >= %v", data, gap, d)
+		}
+	}
+	if gap := handled["c"].Sub(backedOff); gap >= d {
+		t.Errorf("another key's message handled %v after the Backoff; it should not wait for the pause", gap)
 	}
 }
