@@ -51,7 +51,10 @@ type contender struct {
 	name  string
 	redis bool // Redis-backed: its ratio to PING is meaningful
 	kind  string
-	make  func(c *redis.Client, l limits) (*instance, error)
+	// coalesces says whether concurrent decisions share Redis calls, and
+	// how ("" for in-process limiters).
+	coalesces string
+	make      func(c *redis.Client, l limits) (*instance, error)
 }
 
 // instance is one limiter made by a contender.
@@ -80,13 +83,13 @@ const (
 )
 
 var (
-	cPing = contender{name: "Redis PING (floor)", redis: true, kind: kindNone,
+	cPing = contender{name: "Redis PING (floor)", redis: true, kind: kindNone, coalesces: "no",
 		make: func(c *redis.Client, _ limits) (*instance, error) {
 			return plain(func(ctx context.Context, _ string) (bool, error) {
 				return true, c.Ping(ctx).Err()
 			})
 		}}
-	cWindow = contender{name: "window.Redis (ours)", redis: true, kind: kindWindow,
+	cWindow = contender{name: "window.Redis (ours)", redis: true, kind: kindWindow, coalesces: "yes: per key, one script call for every request queued behind a call in flight (pipelined across keys)",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			w, err := window.NewRedis(c, throttle.Rate{Count: l.window, Per: l.per}, window.WithPrefix("bench:w:"))
 			if err != nil {
@@ -94,7 +97,7 @@ var (
 			}
 			return plain(decide(w))
 		}}
-	cBucket = contender{name: "bucket.Redis (ours)", redis: true, kind: kindBucket,
+	cBucket = contender{name: "bucket.Redis (ours)", redis: true, kind: kindBucket, coalesces: "yes: as window.Redis",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			// A long timeout: a loaded 2-core machine can stall one call
 			// beyond the default 50 ms; the per-call deadline is paid anyway.
@@ -105,7 +108,7 @@ var (
 			}
 			return plain(decide(b))
 		}}
-	cHybrid = contender{name: "bucket.Hybrid (ours)", redis: true, kind: kindBucket,
+	cHybrid = contender{name: "bucket.Hybrid (ours)", redis: true, kind: kindBucket, coalesces: "yes: local decisions on leased tokens; its lease calls go through bucket.Redis",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			h, err := bucket.NewHybrid(c, l.rate, l.burst,
 				bucket.WithPrefix("bench:h:"), bucket.WithTimeout(time.Second), bucket.WithMaxKeys(1<<15))
@@ -121,12 +124,12 @@ var (
 				},
 			}, nil
 		}}
-	cPipeline = contender{name: "pipeline window (MULTI)", redis: true, kind: kindWindow,
+	cPipeline = contender{name: "pipeline window (MULTI)", redis: true, kind: kindWindow, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			p := &pipelineWindow{client: c, count: int64(l.window), per: l.per, prefix: "bench:p:", id: rand.Text() + ":"}
 			return plain(p.allow)
 		}}
-	cRedisRate = contender{name: "go-redis/redis_rate", redis: true, kind: kindGCRA,
+	cRedisRate = contender{name: "go-redis/redis_rate", redis: true, kind: kindGCRA, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			rl := redis_rate.NewLimiter(c)
 			lim := redis_rate.Limit{Rate: l.rate.Count, Burst: l.burst, Period: l.rate.Per}
@@ -138,7 +141,7 @@ var (
 				return res.Allowed > 0, nil
 			})
 		}}
-	cUlule = contender{name: "ulule/limiter (redis)", redis: true, kind: kindFixed,
+	cUlule = contender{name: "ulule/limiter (redis)", redis: true, kind: kindFixed, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			st, err := ulredis.NewStoreWithOptions(c, limiter.StoreOptions{Prefix: "bench:u", MaxRetry: limiter.DefaultMaxRetry})
 			if err != nil {
@@ -153,7 +156,7 @@ var (
 				return !lc.Reached, nil
 			})
 		}}
-	cThrottled = contender{name: "throttled (redis, GCRA)", redis: true, kind: kindGCRA,
+	cThrottled = contender{name: "throttled (redis, GCRA)", redis: true, kind: kindGCRA, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			st, err := goredisstore.NewCtx(c, "bench:t:")
 			if err != nil {
@@ -204,9 +207,27 @@ var (
 		}}
 )
 
+// cWindowAuto is window.Redis on go-redis's AutoPipeliner, which pipelines
+// concurrent commands of any kind: it saves round trips, not Redis's
+// per-script work, and is measured to see which wins.
+var cWindowAuto = contender{name: "window.Redis on go-redis AutoPipeliner", redis: true, kind: kindWindow,
+	coalesces: "yes, and go-redis pipelines the script calls of every goroutine (v9.23 AutoPipeline, experimental)",
+	make: func(c *redis.Client, l limits) (*instance, error) {
+		ap, err := c.AutoPipeline()
+		if err != nil {
+			return nil, err
+		}
+		w, err := window.NewRedis(ap, throttle.Rate{Count: l.window, Per: l.per}, window.WithPrefix("bench:wa:"))
+		if err != nil {
+			_ = ap.Close()
+			return nil, err
+		}
+		return &instance{allow: decide(w), close: func() { _ = ap.Close() }}, nil
+	}}
+
 // throughputContenders are measured in every round, in a rotating order.
 var throughputContenders = []contender{
-	cPing, cWindow, cBucket, cHybrid, cPipeline, cRedisRate, cUlule, cThrottled,
+	cPing, cWindow, cWindowAuto, cBucket, cHybrid, cPipeline, cRedisRate, cUlule, cThrottled,
 	cMutex, cXRate, cLocal, cMemory,
 }
 

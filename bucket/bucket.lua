@@ -1,5 +1,7 @@
--- bucket.lua: take tokens from one token bucket, atomically. AllowN(n)
--- runs it with min = max = n; the Hybrid's lease with min <= max.
+-- bucket.lua: take tokens from one token bucket, atomically, for every
+-- request of a batch in order, at one instant: exactly the results of the
+-- same requests made one after another. AllowN(n) is a request with min =
+-- max = n; the Hybrid's lease has min <= max.
 --
 -- The bucket is kept in integer credit, so that every step is exact in
 -- Lua's doubles: one token is worth per units and every microsecond adds
@@ -14,32 +16,33 @@
 -- ARGV[1]  per: credit per token = the refill period in µs (integer).
 -- ARGV[2]  count: credit added per µs = tokens per period (integer).
 -- ARGV[3]  cap: credit of a full bucket = burst * per.
--- ARGV[4]  min: take nothing unless at least min tokens are there (>= 1).
--- ARGV[5]  max: take at most max tokens (min <= max <= burst).
--- ARGV[6]  optional: now, µs, from the client's clock. Absent: now is the
---          server's TIME.
+-- ARGV[4]  now, µs, from the client's clock; "" for the server's TIME.
+-- ARGV[5...] the requests, two arguments each:
+--   min    take nothing unless at least min tokens are there (>= 1).
+--   max    take at most max tokens (min <= max <= burst).
 --
 -- Elapsed time is clamped at 0: if now is before ts, the bucket is read at
 -- ts and ts is kept, so stored time never moves backwards. A rejection
--- (fewer than min tokens) writes nothing, so it neither takes tokens nor
--- moves the refill timeline. After taking, the key expires when the bucket
+-- (fewer than min tokens) takes nothing, and a batch in which nothing is
+-- taken writes nothing, so that rejections neither take tokens nor move
+-- the refill timeline. After taking, the key expires when the bucket
 -- would be full again (rounded up to the ms): a missing key reads full.
 --
--- Returns {granted, credit}: granted = whole tokens taken (0 or
--- min..max); credit = what is left after taking, or what is there when
--- nothing was taken. While the key is paused: {0, credit, left}, left =
--- the µs until the pause ends, writing nothing. The caller derives remaining tokens and waits from
--- credit with integer arithmetic.
+-- Returns two integers per request, in order: granted = whole tokens
+-- taken (0 or min..max); credit = what is left after taking, or what is
+-- there when nothing was taken. The caller derives remaining tokens and
+-- waits from credit with integer arithmetic. While the key is paused,
+-- every request gets {-left, credit}, left = the µs until the pause ends
+-- (>= 1), and nothing is written.
 
 local key = KEYS[1]
 local per = tonumber(ARGV[1])
 local count = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
-local want = tonumber(ARGV[4])
 
 local now
-if ARGV[6] then
-	now = tonumber(ARGV[6])
+if ARGV[4] ~= "" then
+	now = tonumber(ARGV[4])
 else
 	local t = redis.call("TIME")
 	now = t[1] * 1000000 + t[2]
@@ -60,25 +63,40 @@ if credit > cap then
 	credit = cap
 end
 
+local out = {}
+
 -- Paused (Pause): take nothing, write nothing.
 local pausedUntil = tonumber(redis.call("GET", KEYS[2]))
 if pausedUntil and pausedUntil > now then
-	return {0, credit, pausedUntil - now}
+	for i = 5, #ARGV, 2 do
+		out[#out + 1] = now - pausedUntil
+		out[#out + 1] = credit
+	end
+	return out
 end
 
-if credit < want * per then
-	return {0, credit}
+local taken = false
+for i = 5, #ARGV, 2 do
+	local want = tonumber(ARGV[i])
+	local k = 0
+	if credit >= want * per then
+		local max = tonumber(ARGV[i + 1])
+		k = math.floor(credit / per)
+		if k * per > credit then
+			k = k - 1
+		end
+		if k > max then
+			k = max
+		end
+		credit = credit - k * per
+		taken = true
+	end
+	out[#out + 1] = k
+	out[#out + 1] = credit
 end
-
-local max = tonumber(ARGV[5])
-local k = math.floor(credit / per)
-if k * per > credit then
-	k = k - 1
+if not taken then
+	return out
 end
-if k > max then
-	k = max
-end
-credit = credit - k * per
 redis.call("HSET", key, "tokens", credit, "ts", ts)
 
 -- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
@@ -88,4 +106,4 @@ if ttl * d < cap - credit then
 	ttl = ttl + 1
 end
 redis.call("PEXPIRE", key, ttl)
-return {k, credit}
+return out

@@ -1,5 +1,6 @@
 // Package bucket provides token-bucket limiters: [Local], in process;
-// [Redis], shared by every process through one Lua script per decision;
+// [Redis], shared by every process through a Lua script, coalesced
+// across goroutines (see "Coalescing" below);
 // and the Hybrid, which decides most admissions locally on tokens leased
 // from the Redis bucket.
 //
@@ -129,6 +130,20 @@
 // process shares one clock; WithClock makes the client send its own time
 // instead (for tests, or for services that forbid TIME). Either way stored
 // time never moves backwards.
+//
+// # Coalescing
+//
+// Redis.AllowN and the Hybrid's lease calls are coalesced as the window's
+// (see package window): a lone call goes at once; while calls are in
+// flight, the others queue and the next flush sends one bucket.lua call
+// per key carrying that key's requests in arrival order, decided one
+// after another at one instant (a batch that takes nothing writes
+// nothing). WithTimeout bounds the round trip of a call or flush, not the
+// time queued behind it, which only the caller's context bounds; a caller
+// that leaves while queued is charged nothing. AllowID (bucket_id.lua) is
+// one script call per decision.
+//
+// # Timeouts
 //
 // Every Redis call carries a deadline of WithTimeout (default 50 ms). go-redis
 // only honours context deadlines on clients built with

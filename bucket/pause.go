@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -80,26 +79,6 @@ func (l *Redis) pauseFor(ctx context.Context, key string, d time.Duration) (time
 	left, err := pause.Redis(ctx, l.client, rediskey.Key(l.prefix, key), d, now)
 	if err != nil {
 		return 0, fmt.Errorf("bucket: redis: pause: %w", err)
-	}
-	return left, nil
-}
-
-// takeKeys returns the KEYS of bucket.lua for the bucket hash k: k and its
-// pause (in k's slot).
-func takeKeys(k string) []string { return []string{k, k + pause.Suffix} }
-
-var errPausedReply = errors.New("bucket: redis: unexpected script reply for a paused key")
-
-// pausedReply reads the µs left of a pause at vals[i], when the script
-// returned it (0 when vals has no such element). rejected tells whether
-// the reply refused the request, as a paused one must.
-func pausedReply(vals []any, i int, rejected bool) (int64, error) {
-	if len(vals) <= i {
-		return 0, nil
-	}
-	left, ok := vals[i].(int64)
-	if !ok || left < 1 || !rejected {
-		return 0, errPausedReply
 	}
 	return left, nil
 }

@@ -10,9 +10,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
-	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -24,8 +25,7 @@ var (
 	//go:embed giveback.lua
 	giveBackLua string
 
-	// The scripts run with EVALSHA, and are reloaded with EVAL on NOSCRIPT.
-	takeScript     = redis.NewScript(bucketLua)
+	// giveBackScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
 	giveBackScript = redis.NewScript(giveBackLua)
 )
 
@@ -72,6 +72,8 @@ type Redis struct {
 	argPer, argCount, argCap any
 	argMaxDebt, argMem       any   // AllowID's: maxDebt and memUS (see params)
 	argInt                   []any // argInt[i] = strconv.Itoa(i), for small i
+
+	batch *coalesce.Batcher[takeReq, taken]
 }
 
 // maxArgInt bounds the precomputed small-integer arguments.
@@ -122,6 +124,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
 	}
+	l.batch = coalesce.New(l.timeout, maxBatch, l.takeOne, l.takeMany)
 	if cfg.server {
 		if cfg.clock != nil {
 			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: "cannot be combined with WithClock"}
@@ -242,7 +245,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, n int) error {
 	if err := l.ready(ctx); err != nil {
 		return err
 	}
-	keys := []string{rediskey.Key(l.prefix, key)}
+	keys := []string{l.key(key)}
 	var err error
 	if l.clock == nil {
 		err = giveBackScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(n)).Err()
@@ -272,42 +275,8 @@ func maxDuration(a, b time.Duration) time.Duration {
 
 var errReply = errors.New("bucket: redis: unexpected script reply")
 
-// take runs bucket.lua: it returns the tokens taken (0 or min..max), the
-// credit left (or there, when nothing was taken) and, when the key is
-// paused, the µs left of the pause (else 0).
-func (l *Redis) take(ctx context.Context, key string, min, max int) (int, int64, int64, error) {
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
-	defer cancel()
-	if err := l.ready(ctx); err != nil {
-		return 0, 0, 0, err
-	}
-	keys := takeKeys(rediskey.Key(l.prefix, key))
-	var cmd *redis.Cmd
-	if l.clock == nil {
-		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max))
-	} else {
-		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		cmd = takeScript.Run(ctx, l.client, keys, l.argPer, l.argCount, l.argCap, l.arg(min), l.arg(max), now)
-	}
-	res, err := cmd.Result()
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
-	}
-	vals, ok := res.([]any)
-	if !ok || len(vals) < 2 || len(vals) > 3 {
-		return 0, 0, 0, fmt.Errorf("%w: %v", errReply, res)
-	}
-	granted, ok1 := vals[0].(int64)
-	credit, ok2 := vals[1].(int64)
-	if !ok1 || !ok2 || granted < 0 || granted > int64(max) || (granted > 0 && granted < int64(min)) || credit < -l.p.maxDebt || credit > l.p.cap {
-		return 0, 0, 0, fmt.Errorf("%w: %v", errReply, res)
-	}
-	paused, err := pausedReply(vals, 2, granted == 0)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("%w: %v", err, res)
-	}
-	return int(granted), credit, paused, nil
-}
+// key returns the Redis key of key's bucket (see internal/rediskey).
+func (l *Redis) key(key string) string { return rediskey.Key(l.prefix, key) }
 
 // arg returns i as a boxed string argument, allocating only for large i.
 func (l *Redis) arg(i int) any {

@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	_ "embed"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/benchtest"
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -133,5 +136,38 @@ func BenchmarkRedisWindowID(b *testing.B) {
 			_, err := l.AllowID(ctx, benchKeys[i%len(benchKeys)], 1, strconv.FormatInt(seq.Add(1), 10), time.Minute)
 			return err
 		})
+	})
+}
+
+//go:embed testdata/window_before_reservations.lua
+var windowBeforeReservationsLua string
+
+// BenchmarkRedisWindowBefore is the AllowN of the script before
+// reservations and ids (commit 863e1b6), sent the way window.Redis sends
+// its own: the baseline for the cost of a decision with reservations on
+// (BenchmarkRedisWindowID, same run).
+func BenchmarkRedisWindowBefore(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	script := redisscript.New(windowBeforeReservationsLua)
+	prefix := freshPrefix()
+	var m memberSource
+	if err := m.init(); err != nil {
+		b.Fatal(err)
+	}
+	win, limit := strconv.FormatInt(benchRate.PerMicros(), 10), strconv.Itoa(benchRate.Count)
+	expiry := strconv.FormatInt(benchRate.Per.Milliseconds(), 10)
+	timeout := deadline.NewShared(redistest.CallTimeout)
+	allow := func(key string) error {
+		ctx, _ := timeout.Bound(ctx)
+		args := append(script.Start(make([]any, 0, 9)), "1", key, win, limit, expiry, "1", m.next())
+		return script.Run(ctx, client, redis.NewIntSliceCmd(ctx, args...))
+	}
+	one := prefix + "{one}"
+	b.Run("one-key", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(int) error { return allow(one) })
+	})
+	b.Run("many-keys", func(b *testing.B) {
+		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error { return allow(prefix + "{" + benchKeys[i%len(benchKeys)] + "}") })
 	})
 }

@@ -66,12 +66,10 @@ func (l *Redis) Pause(ctx context.Context, key string, d time.Duration) error {
 	}
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
-	now := int64(-1)
-	if l.server != nil {
-		if err := l.server.Ready(ctx); err != nil {
-			return fmt.Errorf("window: redis: %w", err)
-		}
+	if err := l.ready(ctx); err != nil {
+		return err
 	}
+	now := int64(-1)
 	if l.clock != nil {
 		now, _ = instant(l.clock.Now(), 0)
 	}
@@ -81,14 +79,9 @@ func (l *Redis) Pause(ctx context.Context, key string, d time.Duration) error {
 	return nil
 }
 
-// scriptKeys returns the KEYS of window.lua for the sorted set k: k, its
-// pause and, with a client clock, its clock floor (all in k's slot).
-func scriptKeys(k string, clientClock bool) []string {
-	if clientClock {
-		return []string{k, k + pause.Suffix, k + floorSuffix}
-	}
-	return []string{k, k + pause.Suffix}
-}
+// pauseKey returns the Redis key of the pause of the sorted set k (see
+// window.lua): built once per script call, not per request.
+func pauseKey(k string) string { return k + pause.Suffix }
 
 var _ throttle.Pauser = (*Memory)(nil)
 var _ throttle.Pauser = (*Redis)(nil)

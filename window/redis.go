@@ -13,10 +13,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
+	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -24,14 +25,16 @@ import (
 var windowLua string
 
 // windowScript is run with EVALSHA, and reloaded with EVAL on NOSCRIPT.
-var windowScript = redis.NewScript(windowLua)
+var windowScript = redisscript.New(windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in
-// microseconds. One Lua script per decision drops the members that left
-// the window, counts the rest and, only if count + n <= Count, adds n
-// members at the current instant and sets the key to expire after Per. A
-// rejection adds nothing and does not renew the expiry.
+// microseconds. A Lua script drops the members that left the window,
+// counts the rest and, only if count + n <= Count, adds n members at the
+// current instant and sets the key to expire after Per. A rejection adds
+// nothing and does not renew the expiry. Concurrent decisions are
+// coalesced: while a call is in flight, the others queue and go together,
+// one script call per key (see the package documentation).
 //
 // By default the instant is the Redis server's TIME, so every process
 // sharing the Redis shares one clock. With WithClock the client sends its
@@ -58,6 +61,7 @@ type Redis struct {
 	argLimit any
 	member   memberSource
 	quotas   throttle.QuotaFunc
+	batch    *coalesce.Batcher[request, throttle.Decision]
 }
 
 // NewRedis returns a sliding window admitting r.Count units per r.Per for
@@ -112,6 +116,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		l.server = redisclock.New(t, cfg.serverLocal)
 		l.clock = l.server
 	}
+	l.batch = coalesce.New(l.timeout, maxBatch, l.one, l.many)
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
 	}
@@ -154,7 +159,7 @@ const MaxCost = 10_000
 // "window: redis: ...", meaning the limiter could not decide.
 // The Decision's Source is throttle.SourceRedis.
 func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
-	return l.decide(ctx, key, n, l.member.next(), argAllowN)
+	return l.decide(ctx, key, n, "", argAllowN)
 }
 
 // AllowID is AllowN for a request with identity id (opaque bytes, scoped
@@ -177,93 +182,64 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 
 // argAllowN is the horizon argument that tells window.lua the request has
 // no id.
-const argAllowN = "-1"
+var argAllowN any = "-1"
 
-func (l *Redis) decide(ctx context.Context, key string, n int, member, horizon string) (throttle.Decision, error) {
-	r, argWin, argLimit := l.rate, l.argWin, l.argLimit
-	if l.quotas != nil {
-		var err error
-		if r, err = quotaOf(l.quotas, l.rate, key); err != nil {
-			return throttle.Decision{}, err
-		}
-		if r != l.rate {
-			if err := redisopt.CheckExact("quota Rate.Count", int64(r.Count)); err != nil {
-				return throttle.Decision{}, fmt.Errorf("window: quota of key %q: %w", key, err)
-			}
-			argWin, argLimit = strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count)
-		}
-	}
-	if err := throttle.CheckCost(n, r.Count); err != nil {
+func (l *Redis) decide(ctx context.Context, key string, n int, member string, horizon any) (throttle.Decision, error) {
+	r, err := l.request(key, n, member, horizon)
+	if err != nil {
 		return throttle.Decision{}, err
 	}
-	if n > MaxCost {
-		return throttle.Decision{}, fmt.Errorf("%w: n=%d exceeds the Redis window's MaxCost %d (one sorted-set member per unit)", throttle.ErrInvalidCost, n, MaxCost)
-	}
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
-	defer cancel()
-	if l.server != nil {
-		if err := l.server.Ready(ctx); err != nil {
-			return throttle.Decision{}, fmt.Errorf("window: redis: %w", err)
-		}
-	}
-	argN := argOne
-	if n != 1 {
-		argN = strconv.Itoa(n)
-	}
-	var res any
-	var err error
-	k := l.key(key)
-	if l.clock == nil {
-		res, err = windowScript.Run(ctx, l.client, scriptKeys(k, false), argWin, argLimit, argN, member, horizon).Result()
-	} else {
-		keys := scriptKeys(k, true)
-		now, slack := instant(l.clock.Now(), 0)
-		if slack == 0 {
-			res, err = windowScript.Run(ctx, l.client, keys, argWin, argLimit, argN, member, horizon, strconv.FormatInt(now, 10)).Result()
-		} else {
-			res, err = windowScript.Run(ctx, l.client, keys, argWin, argLimit, argN, member, horizon, strconv.FormatInt(now, 10), argOne).Result()
-		}
-	}
-	if err != nil {
-		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
-	}
-	return l.decision(res, r.Count)
+	return l.batch.Do(ctx, r)
 }
 
-// floorSuffix names the clock-floor key beside a key's sorted set (after
-// its hash tag, so in the same slot; no sorted-set key ends with it).
-const floorSuffix = ":floor"
+// request checks a decision's input and builds it, with key's quota.
+func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
+	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
+	// The key, its hint key and AllowN's fresh member, in one allocation.
+	var buf [len(hintSuffix) + 17 + 13]byte
+	suffix := append(buf[:0], hintSuffix...)
+	fresh := horizon == argAllowN
+	if fresh {
+		suffix = l.member.appendNext(suffix)
+	}
+	k, s := rediskey.KeyAnd(l.prefix, key, suffix)
+	r.key, r.hint = k, s[:len(k)+len(hintSuffix)]
+	if fresh {
+		r.member = s[len(r.hint):]
+	}
+	if l.quotas != nil {
+		q, err := quotaOf(l.quotas, l.rate, key)
+		if err != nil {
+			return r, err
+		}
+		if q != l.rate {
+			if err := redisopt.CheckExact("quota Rate.Count", int64(q.Count)); err != nil {
+				return r, fmt.Errorf("window: quota of key %q: %w", key, err)
+			}
+			r.argWin, r.argLimit, r.limit = strconv.FormatInt(q.PerMicros(), 10), strconv.Itoa(q.Count), q.Count
+		}
+	}
+	if err := throttle.CheckCost(n, r.limit); err != nil {
+		return r, err
+	}
+	if n > MaxCost {
+		return r, fmt.Errorf("%w: n=%d exceeds the Redis window's MaxCost %d (one sorted-set member per unit)", throttle.ErrInvalidCost, n, MaxCost)
+	}
+	if n != 1 {
+		r.argN = strconv.Itoa(n)
+	}
+	return r, nil
+}
+
+// floorSuffix and hintSuffix name the clock-floor and hint keys beside a
+// key's sorted set (after its hash tag, so in the same slot; no
+// sorted-set key ends with them).
+const (
+	floorSuffix = ":floor"
+	hintSuffix  = ":hint"
+)
 
 var errReply = errors.New("window: redis: unexpected script reply")
-
-// decision converts the script's reply {allowed, remaining, retry µs,
-// reset µs, reserved}.
-func (l *Redis) decision(res any, limit int) (throttle.Decision, error) {
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 5 {
-		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
-	}
-	var v [5]int64
-	for i, x := range vals {
-		if v[i], ok = x.(int64); !ok {
-			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
-		}
-	}
-	d := throttle.Decision{
-		Allowed:    v[0] == 1,
-		Limit:      limit,
-		Remaining:  int(max(v[1], 0)),
-		ResetAfter: micros(max(v[3], 0)),
-		Source:     throttle.SourceRedis,
-	}
-	if !d.Allowed {
-		// > 0 by construction (the slot is after now); kept > 0 whatever
-		// the store says, as the Decision contract asks.
-		d.RetryAfter = max(micros(v[2]), time.Millisecond)
-		d.Reserved = v[4] == 1
-	}
-	return d, nil
-}
 
 // key returns the Redis key that holds the window of key: prefix + "{" +
 // escaped key + "}" (see internal/rediskey and the package documentation).
@@ -289,7 +265,11 @@ func (m *memberSource) init() error {
 
 func (m *memberSource) next() string {
 	var buf [17 + 13]byte
-	b := append(buf[:0], m.id[:]...)
-	b = strconv.AppendUint(b, m.seq.Add(1), 36)
-	return string(b)
+	return string(m.appendNext(buf[:0]))
+}
+
+// appendNext appends the next member to b.
+func (m *memberSource) appendNext(b []byte) []byte {
+	b = append(b, m.id[:]...)
+	return strconv.AppendUint(b, m.seq.Add(1), 36)
 }

@@ -1,76 +1,77 @@
--- window.lua: one sliding-window-log decision with reservations, atomically.
+-- window.lua: sliding-window-log decisions with reservations, atomically,
+-- for one key: every request of a batch in order, at one instant, with
+-- exactly the results of the same requests decided one after another.
 -- The twin of schedule.go (window.Memory): every rule here is the same.
 --
 -- KEYS[1]  the key's sorted set: one member per unit, scored by its
 --          instant in µs since the Unix epoch: admitted units at the
 --          instant they were admitted, reserved units at their future
 --          slot. A unit at t counts during [t, t+window).
--- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which
---          every decision is a rejection; missing when not paused.
--- KEYS[3]  with a client clock (ARGV[6]) only: the key's clock floor, the
---          newest admission instant (a string key in the same slot).
+-- KEYS[2]  the key's hint for slot searches (a string key in the same
+--          slot; see hinted below).
+-- KEYS[3]  the key's pause (see pause.Suffix): the instant, µs, until which
+--          every request is rejected; missing when not paused.
+-- KEYS[4]  with a client clock (ARGV[3] not empty) only: the key's clock
+--          floor, the newest admission instant (a string key in the same
+--          slot).
 -- ARGV[1]  window, µs (integer).
 -- ARGV[2]  limit: the most units any window may hold (integer >= 1).
--- ARGV[3]  n, the cost (1 <= n <= limit, checked by the caller).
--- ARGV[4]  AllowN: a member identity unique to this request; units are
---          stored as ARGV[4] (n == 1) or ARGV[4]..":"..i.
---          AllowID: the request's id; admitted units are stored as
---          "A"..i..":"..id and reserved ones as "R"..i..":"..id, i = 1..n.
--- ARGV[5]  -1 for AllowN; -2 for Peek (AllowN's answer, nothing written);
---          else AllowID's reservation horizon, µs (>= 0).
--- ARGV[6]  optional: now, µs, from the client's clock, clamped to the
---          floor so that admissions never move backwards. Absent: now is
---          the server's TIME rounded up (and the window one µs longer).
--- ARGV[7]  optional, with ARGV[6]: the client's reading had a part below
---          the µs (ARGV[6] is rounded up): the window is one µs longer.
+-- ARGV[3]  now, µs, from the client's clock, clamped to the floor so that
+--          admissions never move backwards; "" for the server's TIME
+--          rounded up (and the window one µs longer).
+-- ARGV[4]  "1": the client's reading had a part below the µs (ARGV[3] is
+--          rounded up), so the window is one µs longer; else "0".
+-- ARGV[5...] the requests, three arguments each:
+--   n        the cost (1 <= n <= limit, checked by the caller).
+--   member   AllowN: a member identity unique to this request; units are
+--            stored as member (n == 1) or member..":"..i.
+--            AllowID: the request's id; admitted units are stored as
+--            "A"..i..":"..id and reserved ones as "R"..i..":"..id.
+--   horizon  -1 for AllowN; -2 for Peek (AllowN's answer, nothing
+--            written); else AllowID's reservation horizon, µs (>= 0).
 --
--- Units count while score > now - window; they are dropped once score <=
--- now - window - grace (grace: AllowID's horizon, at most 10 s; 0 for
--- AllowN), so that a reservation that passed unclaimed can still be
--- claimed late. Then, for AllowID: an id with counted admitted units is
--- admitted again without a charge; an id with a future reservation is
--- rejected with the time to it; an id whose slot has come (or passed,
--- within the grace) is admitted now if the last window (now-window, now]
--- leaves room (reservations made after it never delay it), else
--- re-reserved where that window will. Otherwise n units are admitted now if that keeps every
--- window containing now within limit, reservations included; else the
--- earliest such instant is the slot (the tail of the schedule, or a gap
--- within 16 windows before it), reserved for AllowID when it lies within
--- the horizon. Every write extends the key's expiry to cover its newest
--- unit and the grace (PEXPIRE NX and GT: Redis 7.0 or newer).
+-- For each request: units count while score > now - window; they are
+-- dropped once score <= now - window - grace (grace: AllowID's horizon, at
+-- most 10 s; 0 for AllowN), so that a reservation that passed unclaimed
+-- can still be claimed late. Then, for AllowID: an id with counted
+-- admitted units is admitted again without a charge; an id with a future
+-- reservation is rejected with the time to it; an id whose slot has come
+-- (or passed, within the grace) is admitted now if the last window
+-- (now-window, now] leaves room (reservations made after it never delay
+-- it), else re-reserved where that window will. Otherwise n units are
+-- admitted now if that keeps every window containing now within limit,
+-- reservations included; else the earliest such instant is the slot (the
+-- tail of the schedule, or a gap within 16 windows before it), reserved
+-- for AllowID when it lies within the horizon. Every write extends the
+-- key's expiry to cover its newest unit and the grace (PEXPIRE NX and GT:
+-- Redis 7.0 or newer).
 --
--- While KEYS[2] holds an instant after now the key is paused: the script
--- rejects at once, writing nothing, with remaining 0, retry_after_us the
--- time left of the pause and reset_after_us at least as long.
+-- Returns five integers per request, in order: allowed (0|1), remaining,
+-- retry_after_us, reset_after_us, reserved (0|1): remaining = limit -
+-- units held after the decision (reservations included), at least 0;
+-- retry_after_us = 0 when admitted, else the time to the slot;
+-- reset_after_us = newest unit + ARGV[1] - now.
 --
--- Returns {allowed (0|1), remaining, retry_after_us, reset_after_us,
--- reserved (0|1)}: remaining = limit - units held after the decision
--- (reservations included), at least 0; retry_after_us = 0 when admitted,
--- else the time to the slot; reset_after_us = newest unit + ARGV[1] - now.
+-- While KEYS[3] holds an instant after now the key is paused: every
+-- request is rejected at once, nothing written, with remaining 0,
+-- retry_after_us the time left of the pause and reset_after_us at least
+-- as long.
+--
+-- AllowN requests that fit are batched: their units are written together
+-- by one ZADD before any other request reads the set (pending below), and
+-- an AllowN rejection that nothing written since could change is answered
+-- as the one before it (a rejection of AllowN writes nothing).
 
 local key = KEYS[1]
+local floorKey = KEYS[4]
 local window = tonumber(ARGV[1])
 local nominal = window
 local limit = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
-local base = ARGV[4]
-local horizon = tonumber(ARGV[5])
-local withID = horizon >= 0
-local peek = horizon == -2
--- A reservation that left the window unclaimed can still be claimed, with
--- its priority, for this long (lateGrace in schedule.go): its units stay
--- in the set, uncounted, until then.
-local grace = 0
-if withID then
-	grace = math.min(horizon, 10000000)
-end
-
-local floorKey = KEYS[3]
 
 local now
-if ARGV[6] then
-	now = tonumber(ARGV[6])
-	if ARGV[7] then
+if ARGV[3] ~= "" then
+	now = tonumber(ARGV[3])
+	if ARGV[4] == "1" then
 		window = window + 1 -- the reading lay between two µs (see instant)
 	end
 	local floor = tonumber(redis.call("GET", floorKey))
@@ -86,16 +87,22 @@ else
 	window = window + 1
 end
 
--- Paused (Pause): reject, writing nothing; RetryAfter is the time left,
--- ResetAfter covers the newest unit as well.
-local pausedUntil = tonumber(redis.call("GET", KEYS[2]))
+-- Paused (Pause): reject every request, writing nothing; retry_after is
+-- the time left, reset_after covers the newest unit as well.
+local pausedUntil = tonumber(redis.call("GET", KEYS[3]))
 if pausedUntil and pausedUntil > now then
 	local left = pausedUntil - now
+	local reset = left
 	local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
-	if top and top + nominal - now > left then
-		return {0, 0, left, top + nominal - now, 0}
+	if top and top + nominal - now > reset then
+		reset = top + nominal - now
 	end
-	return {0, 0, left, left, 0}
+	local out = {}
+	for i = 5, #ARGV, 3 do
+		local j = #out
+		out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
+	end
+	return out
 end
 
 -- excl is the exclusive score bound "(x" (string.format keeps every digit,
@@ -104,243 +111,415 @@ local function excl(x)
 	return "(" .. string.format("%d", x)
 end
 
-if not peek then
-	redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
-end
-local count
-if grace == 0 and not peek then
-	count = redis.call("ZCARD", key)
-else
-	count = redis.call("ZCOUNT", key, excl(now - window), "+inf")
+-- The hint (KEYS[2]): "T c limit window", an instant T before which no
+-- request of cost c or more fits, learnt by a slot search, so that the
+-- next search starts at T: without it a flood of reservations would
+-- search the same full windows again at every request. It holds while
+-- units are only added or claimed (moved to the claim's instant): units
+-- never leave an instant at or after now except when a claim re-reserves
+-- later, which forgets the hint. It expires at T, and is kept only for
+-- the same limit and a window no longer than the current one.
+local hintKey = KEYS[2]
+local hintT, hintC -- the hint, read once per call; hintT false: none
+
+local function readHint()
+	if hintT ~= nil then
+		return
+	end
+	hintT = false
+	local v = redis.call("GET", hintKey)
+	if v then
+		local t, c, lim, win = string.match(v, "^(%d+) (%d+) (%d+) (%d+)$")
+		if t and tonumber(lim) == limit and tonumber(win) <= window then
+			hintT, hintC = tonumber(t), tonumber(c)
+		end
+	end
 end
 
--- The hot path, straight-line (the helpers below are closures, built on
--- every call): one unit of AllowN, or of AllowID with a new id, that fits.
--- It does what admit() does.
-local known -- AllowID: ZMSCORE of the id's admitted and reserved units
-if n == 1 and count < limit and not peek then
-	local member, keep = base, 0
-	if withID then
-		known = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
-		member, keep = "A1:" .. base, 10000000
+-- hinted returns the instant from which a request of cost n may fit.
+local function hinted(n)
+	readHint()
+	if hintT and hintC <= n and hintT > now then
+		return hintT
 	end
-	if not (known and (known[1] or known[2])) then
-		redis.call("ZADD", key, now, member)
-		local ms = math.ceil((window + keep) / 1000)
-		local later
-		if count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1 then
-			later = false
-		else
-			later = redis.call("PEXPIRE", key, ms, "GT") == 0
+	return now
+end
+
+-- remember records that nothing of cost n fits before slot, unless the
+-- hint already says more.
+local function remember(slot, n)
+	readHint()
+	if hintT and hintT > now and (slot < hintT or n > hintC) then
+		return
+	end
+	hintT, hintC = slot, n
+	redis.call("SET", hintKey, string.format("%d %d %d %d", slot, n, limit, window), "PX", math.ceil((slot - now) / 1000))
+end
+
+local function forget()
+	redis.call("DEL", hintKey)
+	hintT = false
+end
+
+-- decide is one request, on the set as it is (pending written first).
+local function decide(n, base, horizon)
+	local withID = horizon >= 0
+	local peek = horizon == -2
+	-- A reservation that left the window unclaimed can still be claimed,
+	-- with its priority, for this long (lateGrace in schedule.go): its
+	-- units stay in the set, uncounted, until then.
+	local grace = 0
+	if withID then
+		grace = math.min(horizon, 10000000)
+	end
+
+
+	if not peek then
+		redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
+	end
+	local count
+	if grace == 0 and not peek then
+		count = redis.call("ZCARD", key)
+	else
+		count = redis.call("ZCOUNT", key, excl(now - window), "+inf")
+	end
+
+	-- The hot path, straight-line (the helpers below are closures, built on
+	-- every call): one unit of AllowN, or of AllowID with a new id, that fits.
+	-- It does what admit() does.
+	local known -- AllowID: ZMSCORE of the id's admitted and reserved units
+	if n == 1 and count < limit and not peek then
+		local member, keep = base, 0
+		if withID then
+			known = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
+			member, keep = "A1:" .. base, 10000000
 		end
+		if not (known and (known[1] or known[2])) then
+			redis.call("ZADD", key, now, member)
+			local ms = math.ceil((window + keep) / 1000)
+			local later
+			if count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1 then
+				later = false
+			else
+				later = redis.call("PEXPIRE", key, ms, "GT") == 0
+			end
+			if floorKey then
+				redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
+			end
+			local reset = nominal
+			if later then
+				reset = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]) + nominal - now
+			end
+			return {1, limit - count - 1, 0, reset, 0}
+		end
+	end
+
+	-- Batches keep unpack() well inside Lua's stack limit.
+	local function zadd(score, prefix)
+		local args = {}
+		local i = 1
+		while i <= n do
+			local j = 0
+			while j < 500 and i <= n do
+				args[2 * j + 1] = score
+				if prefix then
+					args[2 * j + 2] = prefix .. i .. ":" .. base
+				elseif n == 1 then
+					args[2 * j + 2] = base
+				else
+					args[2 * j + 2] = base .. ":" .. i
+				end
+				j = j + 1
+				i = i + 1
+			end
+			for m = 2 * j + 1, #args do
+				args[m] = nil
+			end
+			redis.call("ZADD", key, unpack(args))
+		end
+		count = count + n
+	end
+
+	-- expire makes the key live until its newest unit at score leaves the
+	-- window and, for AllowID, the longest grace after it (the same for every
+	-- call, so that a later expiry means a later unit); fresh: the key may not
+	-- have existed before this call wrote it (nothing was counted), so may
+	-- have no expiry. It reports whether the key already lived longer: then
+	-- a unit newer than score may be there.
+	local function expire(score, fresh)
+		local keep = 0
+		if withID then
+			keep = 10000000
+		end
+		local ms = math.ceil((score + window + keep - now) / 1000)
+		if fresh and redis.call("PEXPIRE", key, ms, "NX") == 1 then
+			return false
+		end
+		return redis.call("PEXPIRE", key, ms, "GT") == 0
+	end
+
+	local function newest()
+		local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
+		if top then
+			return tonumber(top)
+		end
+		return now
+	end
+
+	local function admit()
+		if peek then
+			return {1, math.max(limit - count - n, 0), 0, math.max(newest(), now) + nominal - now, 0}
+		end
+		local fresh = count == 0
+		if withID then
+			zadd(now, "A")
+		else
+			zadd(now, nil)
+		end
+		local later = expire(now, fresh)
 		if floorKey then
 			redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
 		end
 		local reset = nominal
 		if later then
-			reset = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]) + nominal - now
+			reset = newest() + nominal - now
 		end
-		return {1, limit - count - 1, 0, reset, 0}
+		return {1, math.max(limit - count, 0), 0, reset, 0}
 	end
+
+	local function reject(slot, reserve)
+		if reserve then
+			local fresh = count == 0
+			zadd(slot, "R")
+			expire(slot, fresh)
+		end
+		return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
+	end
+
+	-- kth returns the score of the k-th oldest unit after from (k >= 1),
+	-- by rank: O(log N), where BYSCORE with LIMIT would walk k units.
+	local function kth(from, k)
+		local r = redis.call("ZCOUNT", key, "-inf", string.format("%d", from)) + k - 1
+		local s = redis.call("ZRANGE", key, r, r, "WITHSCORES")[2]
+		if s then
+			return tonumber(s)
+		end
+		return newest()
+	end
+
+	if withID then
+		local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
+		if s[1] and tonumber(s[1]) > now - window then
+			return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
+		end
+		if s[2] then
+			local slot = tonumber(s[2])
+			if slot > now then
+				return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, 1}
+			end
+			-- Its slot has come: judged on the last window alone.
+			local units = {}
+			for i = 1, n do
+				units[i] = "R" .. i .. ":" .. base
+			end
+			local removed = redis.call("ZREM", key, unpack(units))
+			if slot > now - window then
+				count = count - removed -- else it was no longer counted
+			end
+			-- Judged on what is ahead of it: admissions, and reservations for
+			-- earlier slots (ahead in schedule.go).
+			if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
+				return admit()
+			end
+			local raw = redis.call("ZRANGE", key, excl(now - window), now, "BYSCORE", "WITHSCORES")
+			local at = {}
+			for i = 1, #raw, 2 do
+				local score = tonumber(raw[i + 1])
+				if string.byte(raw[i]) ~= 82 or score < slot then -- 82: "R"
+					at[#at + 1] = score
+				end
+			end
+			if #at + n <= limit then
+				return admit()
+			end
+			-- Its units move later than now: instants before them may
+			-- have room again, so the hint no longer holds.
+			forget()
+			return reject(at[#at + n - limit] + window, true)
+		end
+	end
+
+	if count + n <= limit then
+		return admit()
+	end
+
+	-- The tail of the schedule always fits: after the k-th oldest unit leaves.
+	local tail = math.max(now, kth(now - window, count + n - limit) + window)
+	local slot = tail
+	local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+	if top > now then
+		-- Reservations ahead: look for a gap before the tail (firstFit in
+		-- schedule.go), within 16 windows, from the hint's instant (no
+		-- room before it) or now. at[] holds every unit in range.
+		local from = math.min(hinted(n), tail)
+		local stop = math.min(tail, now + 16 * window)
+		-- No room anywhere in [from, tail) when the units in [tail -
+		-- window, from] are too many: each of them counts at every instant
+		-- of it.
+		local full = from >= stop or redis.call("ZCOUNT", key, string.format("%d", tail - window), string.format("%d", from)) > limit - n
+		if not full then
+			local raw = redis.call("ZRANGE", key, excl(from - window), excl(stop + window), "BYSCORE", "WITHSCORES")
+			local at = {}
+			for i = 2, #raw, 2 do
+				at[#at + 1] = tonumber(raw[i])
+			end
+			local len = #at
+			local room = limit - n
+			local lo, hi, sum = 1, 1, 0
+			local q, qlo, qhi, qsum = 1, 1, 1, 0
+			local s = from
+			slot = tail
+			while s < stop do
+				while hi <= len and at[hi] <= s do
+					sum = sum + 1
+					hi = hi + 1
+				end
+				while lo < hi and at[lo] <= s - window do
+					sum = sum - 1
+					lo = lo + 1
+				end
+				if q < hi then
+					q = hi
+				end
+				local bad = false
+				while q <= len and at[q] < s + window do
+					while qhi <= len and at[qhi] <= at[q] do
+						qsum = qsum + 1
+						qhi = qhi + 1
+					end
+					while qlo < qhi and at[qlo] <= at[q] - window do
+						qsum = qsum - 1
+						qlo = qlo + 1
+					end
+					if qsum > room then
+						bad = true
+						break
+					end
+					q = qhi
+				end
+				if sum <= room and not bad then
+					slot = s
+					break
+				end
+				local nxt = s + 1
+				if sum > room and at[lo] + window > nxt then
+					nxt = at[lo] + window
+				end
+				if bad and at[q] + 1 > nxt then
+					nxt = at[q] + 1
+				end
+				s = nxt
+			end
+		end
+		if slot > now and not peek then
+			remember(slot, n)
+		end
+	end
+
+	if slot == now then
+		return admit()
+	end
+	return reject(slot, withID and slot - now <= horizon)
 end
 
--- Batches keep unpack() well inside Lua's stack limit.
-local function zadd(score, prefix)
+-- The batch. out holds five integers per request. stored is the number of
+-- units in the set once those out of the window are dropped (AllowN's
+-- view), nil when unknown; pending are AllowN units admitted at now and
+-- not yet written (npending of them), whose replies at pendingAt may need
+-- a later reset once written.
+local out = {}
+local stored
+local pending, npending, pendingAt = {}, 0, {}
+local rejected -- {n, reply}: the last AllowN rejection, while nothing was written since
+
+local function write()
+	if npending == 0 then
+		return
+	end
 	local args = {}
-	local i = 1
-	while i <= n do
-		local j = 0
-		while j < 500 and i <= n do
-			args[2 * j + 1] = score
-			if prefix then
-				args[2 * j + 2] = prefix .. i .. ":" .. base
-			elseif n == 1 then
-				args[2 * j + 2] = base
-			else
-				args[2 * j + 2] = base .. ":" .. i
-			end
-			j = j + 1
-			i = i + 1
+	for i = 1, npending do
+		if #args == 1000 then -- keeps unpack() within Lua's stack limit
+			redis.call("ZADD", key, unpack(args))
+			args = {}
 		end
-		for m = 2 * j + 1, #args do
-			args[m] = nil
-		end
-		redis.call("ZADD", key, unpack(args))
+		args[#args + 1] = now
+		args[#args + 1] = pending[i]
 	end
-	count = count + n
-end
-
--- expire makes the key live until its newest unit at score leaves the
--- window and, for AllowID, the longest grace after it (the same for every
--- call, so that a later expiry means a later unit); fresh: the key may not
--- have existed before this call wrote it (nothing was counted), so may
--- have no expiry. It reports whether the key already lived longer: then
--- a unit newer than score may be there.
-local function expire(score, fresh)
-	local keep = 0
-	if withID then
-		keep = 10000000
-	end
-	local ms = math.ceil((score + window + keep - now) / 1000)
-	if fresh and redis.call("PEXPIRE", key, ms, "NX") == 1 then
-		return false
-	end
-	return redis.call("PEXPIRE", key, ms, "GT") == 0
-end
-
-local function newest()
-	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
-	if top then
-		return tonumber(top)
-	end
-	return now
-end
-
-local function admit()
-	if peek then
-		return {1, math.max(limit - count - n, 0), 0, math.max(newest(), now) + nominal - now, 0}
-	end
-	local fresh = count == 0
-	if withID then
-		zadd(now, "A")
+	redis.call("ZADD", key, unpack(args))
+	local ms = math.ceil(window / 1000)
+	local later
+	if stored == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1 then
+		later = false
 	else
-		zadd(now, nil)
+		later = redis.call("PEXPIRE", key, ms, "GT") == 0
 	end
-	local later = expire(now, fresh)
 	if floorKey then
-		redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
+		redis.call("SET", floorKey, now, "PX", ms)
 	end
-	local reset = nominal
 	if later then
-		reset = newest() + nominal - now
-	end
-	return {1, math.max(limit - count, 0), 0, reset, 0}
-end
-
-local function reject(slot, reserve)
-	if reserve then
-		local fresh = count == 0
-		zadd(slot, "R")
-		expire(slot, fresh)
-	end
-	return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
-end
-
--- kth returns the score of the k-th oldest unit after from (k >= 1).
-local function kth(from, k)
-	local s = redis.call("ZRANGE", key, excl(from), "+inf", "BYSCORE", "LIMIT", k - 1, 1, "WITHSCORES")[2]
-	if s then
-		return tonumber(s)
-	end
-	return newest()
-end
-
-if withID then
-	local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
-	if s[1] and tonumber(s[1]) > now - window then
-		return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
-	end
-	if s[2] then
-		local slot = tonumber(s[2])
-		if slot > now then
-			return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, 1}
-		end
-		-- Its slot has come: judged on the last window alone.
-		local units = {}
-		for i = 1, n do
-			units[i] = "R" .. i .. ":" .. base
-		end
-		local removed = redis.call("ZREM", key, unpack(units))
-		if slot > now - window then
-			count = count - removed -- else it was no longer counted
-		end
-		-- Judged on what is ahead of it: admissions, and reservations for
-		-- earlier slots (ahead in schedule.go).
-		if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
-			return admit()
-		end
-		local raw = redis.call("ZRANGE", key, excl(now - window), now, "BYSCORE", "WITHSCORES")
-		local at = {}
-		for i = 1, #raw, 2 do
-			local score = tonumber(raw[i + 1])
-			if string.byte(raw[i]) ~= 82 or score < slot then -- 82: "R"
-				at[#at + 1] = score
+		-- The key lived longer: a reservation may be newer than now.
+		local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+		if top > now then
+			for _, at in ipairs(pendingAt) do
+				out[at + 3] = top + nominal - now
 			end
 		end
-		if #at + n <= limit then
-			return admit()
-		end
-		return reject(at[#at + n - limit] + window, true)
 	end
+	stored = stored + npending
+	pending, npending, pendingAt = {}, 0, {}
 end
 
-if count + n <= limit then
-	return admit()
-end
-
--- The tail of the schedule always fits: after the k-th oldest unit leaves.
-local tail = math.max(now, kth(now - window, count + n - limit) + window)
-local slot = tail
-local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
-if top > now then
-	-- Reservations ahead: look for a gap before the tail (firstFit in
-	-- schedule.go), within 16 windows. at[] holds every unit in range.
-	local stop = math.min(tail, now + 16 * window)
-	local raw = redis.call("ZRANGE", key, excl(now - window), excl(stop + window), "BYSCORE", "WITHSCORES")
-	local at = {}
-	for i = 2, #raw, 2 do
-		at[#at + 1] = tonumber(raw[i])
+for i = 5, #ARGV, 3 do
+	local n = tonumber(ARGV[i])
+	local base = ARGV[i + 1]
+	local horizon = tonumber(ARGV[i + 2])
+	local at = #out
+	local reply
+	if horizon == -1 then
+		if not stored then
+			redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
+			stored = redis.call("ZCARD", key)
+		end
+		local count = stored + npending
+		if count + n <= limit then
+			if n == 1 then
+				pending[npending + 1] = base
+			else
+				for j = 1, n do
+					pending[npending + j] = base .. ":" .. j
+				end
+			end
+			npending = npending + n
+			pendingAt[#pendingAt + 1] = at
+			reply = {1, limit - count - n, 0, nominal, 0}
+			rejected = nil
+		elseif rejected and rejected[1] == n then
+			reply = rejected[2]
+		else
+			write()
+			reply = decide(n, base, horizon)
+			rejected = {n, reply}
+		end
+	else
+		write()
+		reply = decide(n, base, horizon)
+		if horizon ~= -2 then
+			stored, rejected = nil, nil
+		end
 	end
-	local len = #at
-	local room = limit - n
-	local lo, hi, sum = 1, 1, 0
-	local q, qlo, qhi, qsum = 1, 1, 1, 0
-	local s = now
-	slot = tail
-	while s < stop do
-		while hi <= len and at[hi] <= s do
-			sum = sum + 1
-			hi = hi + 1
-		end
-		while lo < hi and at[lo] <= s - window do
-			sum = sum - 1
-			lo = lo + 1
-		end
-		if q < hi then
-			q = hi
-		end
-		local bad = false
-		while q <= len and at[q] < s + window do
-			while qhi <= len and at[qhi] <= at[q] do
-				qsum = qsum + 1
-				qhi = qhi + 1
-			end
-			while qlo < qhi and at[qlo] <= at[q] - window do
-				qsum = qsum - 1
-				qlo = qlo + 1
-			end
-			if qsum > room then
-				bad = true
-				break
-			end
-			q = qhi
-		end
-		if sum <= room and not bad then
-			slot = s
-			break
-		end
-		local nxt = s + 1
-		if sum > room and at[lo] + window > nxt then
-			nxt = at[lo] + window
-		end
-		if bad and at[q] + 1 > nxt then
-			nxt = at[q] + 1
-		end
-		s = nxt
+	for j = 1, 5 do
+		out[at + j] = reply[j]
 	end
 end
-
-if slot == now then
-	return admit()
-end
-return reject(slot, withID and slot - now <= horizon)
+write()
+return out

@@ -125,16 +125,17 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
+	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &cl)
+	if err != nil {
+		return err
+	}
+	spec.Meters = mp
 	lim, _, err := newLimiter(spec, rc, cfg.KeyPrefix, jf.tenants(), rateOf, &cl)
 	if err != nil {
 		return err
 	}
 	rw := newRecordWriter(out)
 	lim.admitted = rw.admitted
-	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &cl)
-	if err != nil {
-		return err
-	}
 	if metricsAddr != "" {
 		rw.send(record{Kind: "metrics", Addr: metricsAddr})
 	}

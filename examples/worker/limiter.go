@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/queuethrottle/queuethrottle/bucket"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -38,6 +39,9 @@ const redisTimeout = 500 * time.Millisecond
 type limiterSpec struct {
 	Family string // familyWindow ("" too), familyBucket or familyHybrid
 	Burst  int    // bucket capacity; 0 means each tenant's rate Count
+	// Meters gets the hybrids' own metrics (bucket.WithMeterProvider):
+	// the provider of -metrics. Nil means the global one.
+	Meters metric.MeterProvider
 }
 
 // parseLimiterSpec checks the -limiter and -burst flags; hybrid needs a
@@ -132,7 +136,7 @@ func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, tenants
 			if rc == nil {
 				return nil, errors.New("-limiter hybrid needs -redis URL")
 			}
-			h, err := bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix))
+			h, err := bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithMeterProvider(spec.Meters))
 			if err == nil {
 				hybrids = append(hybrids, h)
 			}

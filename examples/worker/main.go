@@ -85,11 +85,28 @@
 //	throttle_store_errors_total{throttle_algorithm}
 //	    counter: store failures and timeouts (the failure policy decided);
 //	    absent until the first one
+//
+// and with -limiter hybrid the Hybrids' own (bucket.WithMeterProvider):
+//
+//	throttle_hybrid_decisions_total{throttle_outcome, throttle_source}
+//	    counter: the Hybrid's decisions; outcome admitted or rejected,
+//	    source local (no Redis round trip), redis or degraded
+//	throttle_hybrid_redis_duration_seconds_bucket{throttle_hybrid_op, le}
+//	throttle_hybrid_redis_duration_seconds_sum, _count
+//	    histogram: latency of its Redis calls (op lease or give_back)
+//	throttle_hybrid_redis_errors_total{throttle_hybrid_op}
+//	    counter: its failed Redis calls; absent until the first one
+//	throttle_hybrid_breaker_transitions_total{throttle_hybrid_breaker_from, throttle_hybrid_breaker_to}
+//	    counter: its circuit breaker's state changes; absent until the first
+//
+// and
+//
 //	target_info
 //	    the resource (service.name and the SDK)
 //
 // Every series also has the labels otel_scope_name
-// ("github.com/queuethrottle/queuethrottle/throttle"),
+// ("github.com/queuethrottle/queuethrottle/throttle", the Hybrids'
+// ".../bucket"),
 // otel_scope_version and otel_scope_schema_url. A Grafana dashboard for
 // them is in examples/grafana/queuethrottle.json.
 //

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
 )
 
 // freeAddr returns a loopback address with a port free a moment ago.
@@ -32,6 +34,37 @@ func TestRunMetrics(t *testing.T) {
 	cfg.Rate = "20/1s"
 	cfg.Timeout = 20 * time.Second
 	cfg.Metrics = freeAddr(t)
+	scrapeDuringRun(t, cfg,
+		`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="admitted"[^}]*throttle_source="local"[^}]*\} [1-9]`,
+		`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="reserved"[^}]*throttle_source="local"[^}]*\} [1-9]`,
+		`(?m)^throttle_decision_duration_seconds_bucket\{`,
+	)
+}
+
+// TestRunMetricsHybrid: with -limiter hybrid, -metrics also serves the
+// Hybrid's own metrics (bucket.HybridDecisionsMetric and the latency of
+// its Redis calls) beside the Gate's.
+func TestRunMetricsHybrid(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.JobsPath = writeJobs(t, 30, "10/1s", 20)
+	cfg.Rate = "20/1s"
+	cfg.Limiter = familyHybrid
+	cfg.RedisURL = "redis://" + redistest.Start(t).Addr() + "/0"
+	cfg.Timeout = 30 * time.Second
+	cfg.Metrics = freeAddr(t)
+	scrapeDuringRun(t, cfg,
+		`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="admitted"[^}]*\} [1-9]`,
+		`(?m)^throttle_hybrid_decisions_total\{[^}]*otel_scope_name="github.com/queuethrottle/queuethrottle/bucket"[^}]*throttle_outcome="admitted"[^}]*throttle_source="(local|redis)"[^}]*\} [1-9]`,
+		`(?m)^throttle_hybrid_redis_duration_seconds_bucket\{[^}]*throttle_hybrid_op="lease"`,
+	)
+}
+
+// scrapeDuringRun runs the worker with cfg (cfg.Metrics set) and GETs its
+// metrics until every pattern matches, failing if the run ends first, if
+// a pattern never matches within 10 s, if the run fails, or if the metrics
+// are still served after it.
+func scrapeDuringRun(t *testing.T, cfg config, patterns ...string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -42,10 +75,9 @@ func TestRunMetrics(t *testing.T) {
 		done <- err
 	}()
 
-	want := []*regexp.Regexp{
-		regexp.MustCompile(`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="admitted"[^}]*throttle_source="local"[^}]*\} [1-9]`),
-		regexp.MustCompile(`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="reserved"[^}]*throttle_source="local"[^}]*\} [1-9]`),
-		regexp.MustCompile(`(?m)^throttle_decision_duration_seconds_bucket\{`),
+	var want []*regexp.Regexp
+	for _, p := range patterns {
+		want = append(want, regexp.MustCompile(p))
 	}
 	var body []byte
 	deadline := time.Now().Add(10 * time.Second)

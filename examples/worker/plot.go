@@ -128,6 +128,17 @@ const (
 	panelGap    = 0.2 * vg.Inch
 )
 
+// Room for text: legendWidth is the least width of the legends' column,
+// wider when an entry needs it.
+const (
+	legendGap = 8 // between a chart and its legend
+	// fontSlack is how much wider than the Liberation metrics gonum
+	// measures with a viewer's fallback font may draw text (DejaVu Sans,
+	// where Liberation is not installed, is about 16% wider). The text
+	// starts where gonum placed it, so only its end moves.
+	fontSlack = 1.2
+)
+
 // plotSVG draws the timelines as one SVG document.
 func plotSVG(title string, tls ...timeline) ([]byte, error) {
 	plot.DefaultFont = font.Font{Typeface: "Liberation", Variant: "Sans"}
@@ -163,7 +174,18 @@ func plotSVG(title string, tls ...timeline) ([]byte, error) {
 	c := vgsvg.New(figWidth, height)
 	dc := draw.New(c)
 	sty := draw.TextStyle{Color: color.Black, Font: font.From(plot.DefaultFont, 14), XAlign: draw.XCenter, YAlign: draw.YTop, Handler: plot.DefaultTextHandler}
+	// A long title shrinks so that, centred, it ends within the figure.
+	if avail, w := figWidth/2-0.15*vg.Inch, sty.Width(title)*(fontSlack-0.5); w > avail {
+		sty.Font.Size = max(8, sty.Font.Size*avail/w)
+	}
 	dc.FillText(sty, vg.Point{X: figWidth / 2, Y: height - 0.12*vg.Inch}, title)
+
+	// The legends' column fits the longest entry, in a fallback font too.
+	legendCol := legendWidth
+	for _, ch := range charts {
+		r := ch.legend.Rectangle(draw.Canvas{})
+		legendCol = max(legendCol, legendGap+(r.Max.X-r.Min.X)*fontSlack+4)
+	}
 
 	// Lay the charts out from the top, then align their data areas: the
 	// same left and right margins for all, so the time axes line up.
@@ -172,8 +194,8 @@ func plotSVG(title string, tls ...timeline) ([]byte, error) {
 	y := height - figHeader
 	var left, right vg.Length
 	for i, ch := range charts {
-		canvases[i] = draw.Canvas{Canvas: c, Rectangle: vg.Rectangle{Min: vg.Point{X: 0, Y: y - ch.height}, Max: vg.Point{X: figWidth - legendWidth, Y: y}}}
-		legends[i] = draw.Canvas{Canvas: c, Rectangle: vg.Rectangle{Min: vg.Point{X: figWidth - legendWidth + 8, Y: y - ch.height}, Max: vg.Point{X: figWidth, Y: y - 8}}}
+		canvases[i] = draw.Canvas{Canvas: c, Rectangle: vg.Rectangle{Min: vg.Point{X: 0, Y: y - ch.height}, Max: vg.Point{X: figWidth - legendCol, Y: y}}}
+		legends[i] = draw.Canvas{Canvas: c, Rectangle: vg.Rectangle{Min: vg.Point{X: figWidth - legendCol + legendGap, Y: y - ch.height}, Max: vg.Point{X: figWidth, Y: y - 8}}}
 		data := ch.p.DataCanvas(canvases[i])
 		left = max(left, data.Min.X-canvases[i].Min.X)
 		right = max(right, canvases[i].Max.X-data.Max.X)
@@ -294,12 +316,17 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 		for _, p := range []*plot.Plot{up, down} {
 			p.Add(vline(x, p.Y.Max, colFault))
 		}
-		lbl, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: x, Y: up.Y.Max * 0.9}}, Labels: []string{" " + f.Kind}})
+		// The kind reads down the right of the line from the top, so the
+		// labels of faults close in time, or near the end, do not collide
+		// (and a viewer's wider fallback font only makes it longer).
+		lbl, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: x, Y: up.Y.Max}}, Labels: []string{f.Kind}})
 		if err != nil {
 			return chart{}, chart{}, err
 		}
-		lbl.TextStyle[0].Color = colFault
-		lbl.TextStyle[0].Font.Size = 10
+		st := &lbl.TextStyle[0]
+		st.Color, st.Font.Size = colFault, 9
+		st.Rotation, st.XAlign, st.YAlign = -math.Pi/2, draw.XLeft, draw.YBottom
+		lbl.Offset = vg.Point{X: 4, Y: -3}
 		up.Add(lbl)
 	}
 	for _, p := range []*plot.Plot{up, down} {

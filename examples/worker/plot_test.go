@@ -276,7 +276,7 @@ func TestRecordCompat(t *testing.T) {
 }
 
 // TestGrafanaDashboard: the dashboard is JSON and queries the metrics by
-// the names Prometheus shows.
+// the names Prometheus shows, the Hybrid's too.
 func TestGrafanaDashboard(t *testing.T) {
 	b, err := os.ReadFile("../grafana/queuethrottle.json")
 	if err != nil {
@@ -298,7 +298,8 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	all := strings.Join(exprs, "\n")
-	for _, m := range []string{"throttle_decisions_total", "throttle_decision_duration_seconds_bucket", "throttle_store_errors_total", "throttle_outcome", "throttle_source"} {
+	for _, m := range []string{"throttle_decisions_total", "throttle_decision_duration_seconds_bucket", "throttle_store_errors_total", "throttle_outcome", "throttle_source",
+		"throttle_hybrid_decisions_total", "throttle_hybrid_redis_duration_seconds_bucket", "throttle_hybrid_redis_errors_total"} {
 		if !strings.Contains(all, m) {
 			t.Errorf("no panel queries %s", m)
 		}

@@ -115,6 +115,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
+	spec.Meters = mp
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
 	if err != nil {
 		return report{}, err

@@ -30,18 +30,27 @@ const MaxRaw = 256
 
 // Key returns prefix + "{" + the escaped id + "}". The prefix must not
 // contain '{' or '}' (see CheckPrefix); Key does not check it.
-func Key(prefix, id string) string {
+func Key(prefix, id string) string { return build(prefix, id, nil) }
+
+// KeyAnd returns Key(prefix, id) and that key + suffix, built in one
+// allocation (the key is the start of the other).
+func KeyAnd(prefix, id string, suffix []byte) (key, suffixed string) {
+	s := build(prefix, id, suffix)
+	return s[:len(s)-len(suffix)], s
+}
+
+func build(prefix, id string, suffix []byte) string {
 	var b strings.Builder
 	switch {
 	case id == "":
-		b.Grow(len(prefix) + 4)
+		b.Grow(len(prefix) + 4 + len(suffix))
 		b.WriteString(prefix)
 		b.WriteString("{%E}")
 	case len(id) > MaxRaw:
 		sum := sha256.Sum256([]byte(id))
 		var hx [2 * sha256.Size]byte
 		hex.Encode(hx[:], sum[:])
-		b.Grow(len(prefix) + 4 + len(hx))
+		b.Grow(len(prefix) + 4 + len(hx) + len(suffix))
 		b.WriteString(prefix)
 		b.WriteString("{%H")
 		b.Write(hx[:])
@@ -53,7 +62,7 @@ func Key(prefix, id string) string {
 				extra += 2
 			}
 		}
-		b.Grow(len(prefix) + len(id) + extra + 2)
+		b.Grow(len(prefix) + len(id) + extra + 2 + len(suffix))
 		b.WriteString(prefix)
 		b.WriteByte('{')
 		if extra == 0 {
@@ -74,6 +83,7 @@ func Key(prefix, id string) string {
 		}
 		b.WriteByte('}')
 	}
+	b.Write(suffix)
 	return b.String()
 }
 

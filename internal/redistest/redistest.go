@@ -353,3 +353,27 @@ func StartArgs(t testing.TB, args ...string) *Server {
 	t.Cleanup(s.shutdown)
 	return s
 }
+
+// ScriptCalls returns how many EVAL and EVALSHA calls the server of c has
+// run since it started (INFO commandstats).
+func ScriptCalls(t testing.TB, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, line := range strings.Split(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_eval" && name != "cmdstat_evalsha") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
+		n, err := strconv.Atoi(calls)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+		total += n
+	}
+	return total
+}

@@ -1,0 +1,113 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+// TestBatchTakesAsOneByOne sends random batches of takes (AllowN costs and
+// leases of min..max) on two keys as coalesced flushes, and the same
+// requests one by one on two other keys at the same instant: every answer
+// must be the same.
+func TestBatchTakesAsOneByOne(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	l, _ := newTestRedis(t, throttle.Rate{Count: 5, Per: time.Second}, 8, WithClock(clock))
+	ctx := ctxT(t)
+	rng := rand.New(rand.NewPCG(3, 5))
+	granted := 0
+	at := time.Duration(0)
+	for step := range 200 {
+		at += time.Duration(rng.IntN(400_000)) * time.Microsecond
+		clock.Set(throttletest.T0.Add(at))
+		k := 1 + rng.IntN(10)
+		calls := make([]*takeCall, k)
+		want := make([]taken, k)
+		for i := range calls {
+			key := []string{"a", "b"}[rng.IntN(2)]
+			min := 1 + rng.IntN(3)
+			max := min
+			if rng.IntN(3) == 0 {
+				max += rng.IntN(6)
+			}
+			var err error
+			want[i].granted, want[i].credit, want[i].paused, err = l.take(ctx, "one-by-one "+key, min, max)
+			if err != nil {
+				t.Fatal(err)
+			}
+			granted += want[i].granted
+			calls[i] = &takeCall{Req: takeReq{key: l.key("batched " + key), argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}}
+		}
+		l.takeMany(ctx, calls)
+		for i, c := range calls {
+			if c.Err != nil || c.Res != want[i] {
+				t.Fatalf("step %d, request %d of %d (%+v): batched %+v, %v; one by one %+v", step, i, k, c.Req, c.Res, c.Err, want[i])
+			}
+		}
+	}
+	if granted < 200 {
+		t.Fatalf("only %d tokens granted: the replay does not exercise takes", granted)
+	}
+}
+
+// TestCoalescedLoad puts 500 goroutines on one key at once, beside two
+// CPU-bound goroutines, at the default timeout: no call may fail, exactly
+// the burst is admitted, and Redis runs far fewer script calls than there
+// are decisions.
+func TestCoalescedLoad(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := throttle.Rate{Count: 1, Per: time.Hour}
+	const burst = 100
+	l, err := NewRedis(client, r, burst, WithPrefix(freshPrefix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Warm, as a running service is: the script loaded, a connection open.
+	if _, err := l.Allow(ctx, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	calls0 := redistest.ScriptCalls(t, client)
+	stop := throttletest.Spin(2)
+	defer stop()
+
+	const goroutines = 500
+	var admitted, failed atomic.Int64
+	var firstErr atomic.Value
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d, err := l.Allow(ctx, "hot")
+			switch {
+			case err != nil:
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, fmt.Sprint(err))
+			case d.Allowed:
+				admitted.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of %d calls failed, first: %v", failed.Load(), goroutines, firstErr.Load())
+	}
+	if admitted.Load() != burst {
+		t.Fatalf("%d admitted of %d with a burst of %d and no refill to speak of, want exactly %d", admitted.Load(), goroutines, burst, burst)
+	}
+	if scripts := redistest.ScriptCalls(t, client) - calls0; scripts > goroutines/4 {
+		t.Fatalf("%d script calls for %d decisions: not coalesced", scripts, goroutines)
+	}
+}

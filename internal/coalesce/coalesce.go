@@ -1,0 +1,196 @@
+// Package coalesce groups concurrent store calls (group commit): while a
+// flush is in flight, further calls queue, and the next flush carries
+// them together. A call that finds nothing in flight goes at once, on the
+// caller's goroutine, so a lone caller waits for nothing but its own
+// round trip.
+//
+// The limiters use it to make Redis do the per-call work fewer times: a
+// flush sends one script call per key carrying every queued request of
+// that key in arrival order (see window.Redis and bucket.Redis).
+package coalesce
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
+)
+
+// Call is one queued request and, once its flush returns, its result.
+type Call[Req, Res any] struct {
+	Req Req
+	Res Res
+	Err error
+
+	done  chan struct{}
+	taken bool // in a flush: too late to withdraw (guarded by Batcher.mu)
+}
+
+// Batcher coalesces the calls of one limiter. The zero Batcher is not
+// usable: create one with New.
+type Batcher[Req, Res any] struct {
+	one      func(context.Context, Req) (Res, error)
+	many     func(context.Context, []*Call[Req, Res])
+	deadline *deadline.Shared
+	maxBatch int
+
+	mu       sync.Mutex
+	inFlight int  // lone calls, and the flusher
+	flushing bool // the flusher is running: it alone takes from the queue
+	queue    []*Call[Req, Res]
+}
+
+// MaxInFlight is how many calls of one Batcher may be in flight at once:
+// lone calls, and the flusher that sends the queue one batch at a time.
+// Two keep Redis busy while the reply of one is being read and the next
+// is being written, and still let the queue build up into large batches
+// under load.
+const MaxInFlight = 2
+
+// New returns a Batcher. one decides a lone request; many decides a batch,
+// filling in the Res or Err of each Call, in the order given (arrival
+// order). Each flush of a batch runs under its own context with a
+// deadline of timeout, so that no caller's context (canceled, or with a
+// short deadline) fails the requests of others; a lone request runs
+// under its caller's context, bounded by timeout. A batch holds at most
+// maxBatch requests.
+func New[Req, Res any](timeout time.Duration, maxBatch int,
+	one func(context.Context, Req) (Res, error),
+	many func(context.Context, []*Call[Req, Res])) *Batcher[Req, Res] {
+	return &Batcher[Req, Res]{one: one, many: many, deadline: deadline.NewShared(timeout), maxBatch: maxBatch}
+}
+
+// Do decides req: at once if fewer than MaxInFlight flushes are in flight
+// and nothing is queued, else in the next flush. The per-flush timeout
+// bounds the store's round trip, not the time spent queued: that is bounded
+// by ctx only. A caller whose ctx ends while its request is still queued
+// withdraws it (nothing was sent, nothing is charged) and gets ctx's
+// error; once the request is in a flush, the caller still returns at once
+// with ctx's error, and the store may apply the request (as with any call
+// whose reply is lost).
+func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
+	b.mu.Lock()
+	if b.inFlight < MaxInFlight && len(b.queue) == 0 {
+		b.inFlight++
+		b.mu.Unlock()
+		ctx, cancel := b.deadline.Bound(ctx)
+		res, err := b.one(ctx, req)
+		cancel()
+		b.next()
+		return res, err
+	}
+	c := &Call[Req, Res]{Req: req, done: make(chan struct{})}
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.Res, c.Err
+	case <-ctx.Done():
+		b.mu.Lock()
+		if !c.taken {
+			b.withdraw(c)
+		}
+		b.mu.Unlock()
+		var zero Res
+		return zero, ctx.Err()
+	}
+}
+
+// InFlight returns how many flushes are in flight now.
+func (b *Batcher[Req, Res]) InFlight() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inFlight
+}
+
+// next is called when a lone call returns: unless the flusher is running,
+// it starts the flusher on what queued meanwhile, on a goroutine of its
+// own, else it frees its place.
+func (b *Batcher[Req, Res]) next() {
+	b.mu.Lock()
+	var batch []*Call[Req, Res]
+	if !b.flushing {
+		batch = b.take()
+	}
+	if batch == nil {
+		b.inFlight--
+	} else {
+		b.flushing = true
+	}
+	b.mu.Unlock()
+	if batch != nil {
+		go b.flush(batch)
+	}
+}
+
+// flush is the flusher: one batch at a time, so that batches go in
+// arrival order, until the queue is empty.
+func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
+	for batch != nil {
+		ctx, cancel := b.deadline.Bound(context.Background())
+		b.many(ctx, batch)
+		cancel()
+		for _, c := range batch {
+			close(c.done)
+		}
+		b.mu.Lock()
+		if batch = b.take(); batch == nil {
+			b.flushing = false
+			b.inFlight--
+		}
+		b.mu.Unlock()
+	}
+}
+
+// take removes up to maxBatch calls from the queue, oldest first (nil if
+// it is empty). b.mu is held.
+func (b *Batcher[Req, Res]) take() []*Call[Req, Res] {
+	if len(b.queue) == 0 {
+		return nil
+	}
+	k := min(len(b.queue), b.maxBatch)
+	batch := make([]*Call[Req, Res], k)
+	copy(batch, b.queue)
+	for _, c := range batch {
+		c.taken = true
+	}
+	rest := copy(b.queue, b.queue[k:])
+	clear(b.queue[rest:])
+	b.queue = b.queue[:rest]
+	return batch
+}
+
+// withdraw removes c from the queue. b.mu is held.
+func (b *Batcher[Req, Res]) withdraw(c *Call[Req, Res]) {
+	for i, q := range b.queue {
+		if q == c {
+			copy(b.queue[i:], b.queue[i+1:])
+			b.queue[len(b.queue)-1] = nil
+			b.queue = b.queue[:len(b.queue)-1]
+			return
+		}
+	}
+}
+
+// Group splits calls by what id returns for their requests (a store key,
+// with its quota), keeping arrival order within each group, and groups in
+// the order their first call arrived.
+func Group[Req, Res any, K comparable](calls []*Call[Req, Res], id func(Req) K) [][]*Call[Req, Res] {
+	if len(calls) == 1 {
+		return [][]*Call[Req, Res]{calls}
+	}
+	index := make(map[K]int, len(calls))
+	var groups [][]*Call[Req, Res]
+	for _, c := range calls {
+		k := id(c.Req)
+		i, ok := index[k]
+		if !ok {
+			i = len(groups)
+			index[k] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], c)
+	}
+	return groups
+}

@@ -1,0 +1,122 @@
+package coalesce
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// recorder decides requests (ints) by echoing them, holding the first
+// MaxInFlight flushes until release is closed, and records the batches.
+type recorder struct {
+	release chan struct{}
+	mu      sync.Mutex
+	lone    []int
+	batches [][]int
+	started chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{release: make(chan struct{}), started: make(chan struct{}, 100)}
+}
+
+func (r *recorder) one(ctx context.Context, req int) (int, error) {
+	r.mu.Lock()
+	r.lone = append(r.lone, req)
+	r.mu.Unlock()
+	r.started <- struct{}{}
+	<-r.release
+	return req, nil
+}
+
+func (r *recorder) many(ctx context.Context, calls []*Call[int, int]) {
+	var reqs []int
+	for _, c := range calls {
+		reqs = append(reqs, c.Req)
+		c.Res = c.Req
+	}
+	r.mu.Lock()
+	r.batches = append(r.batches, reqs)
+	r.mu.Unlock()
+}
+
+// TestQueuedCallsGoTogether: while MaxInFlight lone calls are in flight,
+// further calls queue and go in batches of at most maxBatch, in arrival
+// order; a caller that gives up while queued is left out, and the others
+// still get their results.
+func TestQueuedCallsGoTogether(t *testing.T) {
+	r := newRecorder()
+	b := New(time.Second, 3, r.one, r.many)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	results := make([]int, 10)
+	for i := range MaxInFlight {
+		wg.Add(1)
+		go func() { defer wg.Done(); results[i], _ = b.Do(ctx, i) }()
+	}
+	for range MaxInFlight {
+		<-r.started
+	}
+	// Queue the rest one at a time, so that arrival order is known.
+	gone, cancel := context.WithCancel(ctx)
+	for i := MaxInFlight; i < 10; i++ {
+		wg.Add(1)
+		c := ctx
+		if i == 4 {
+			c = gone
+		}
+		go func() {
+			defer wg.Done()
+			var err error
+			results[i], err = b.Do(c, i)
+			if i == 4 && !errors.Is(err, context.Canceled) {
+				t.Errorf("withdrawn call: %v, want context.Canceled", err)
+			}
+		}()
+		waitQueued(t, b, i-MaxInFlight+1)
+	}
+	cancel()
+	waitQueued(t, b, 10-MaxInFlight-1)
+	close(r.release)
+	wg.Wait()
+	if !slices.Equal(r.lone, []int{0, 1}) && !slices.Equal(r.lone, []int{1, 0}) {
+		t.Fatalf("lone calls %v, want 0 and 1", r.lone)
+	}
+	var flushed []int
+	for _, batch := range r.batches {
+		if len(batch) > 3 {
+			t.Fatalf("batch %v holds more than maxBatch 3", batch)
+		}
+		flushed = append(flushed, batch...)
+	}
+	if want := []int{2, 3, 5, 6, 7, 8, 9}; !slices.Equal(flushed, want) {
+		t.Fatalf("flushed %v, want %v (arrival order, without the withdrawn 4)", flushed, want)
+	}
+	for i, got := range results {
+		if i != 4 && got != i {
+			t.Fatalf("call %d got %d", i, got)
+		}
+	}
+	if b.InFlight() != 0 {
+		t.Fatalf("%d flushes in flight after all returned", b.InFlight())
+	}
+}
+
+func waitQueued(t *testing.T, b *Batcher[int, int], n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		b.mu.Lock()
+		q := len(b.queue)
+		b.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d queued, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,146 @@
+package window
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/coalesce"
+	"github.com/queuethrottle/queuethrottle/internal/redisopt"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// request is one decision of a Redis window, as window.lua takes it.
+type request struct {
+	key      string // the Redis key of the sorted set
+	hint     string // and of its hint (see window.lua)
+	argWin   any    // window, µs, and limit: the key's quota, as strings
+	argLimit any
+	limit    int
+	argN     any
+	member   string // AllowN: a fresh member; AllowID: the id
+	horizon  any    // argAllowN, argPeek or AllowID's horizon in µs
+}
+
+type call = coalesce.Call[request, throttle.Decision]
+
+// groupID is what the requests of one script call share: the key, and
+// its quota when the request was made.
+type groupID struct {
+	key        string
+	win, limit any
+}
+
+// maxBatch bounds the requests of one flush: with the largest cost
+// (MaxCost) a script call still ends within a few milliseconds.
+const maxBatch = 256
+
+var (
+	argKeys3 any = "3"
+	argKeys4 any = "4"
+	argTime  any = "" // now: the server's TIME
+	argExact any = "0"
+)
+
+// one decides a lone request: one script call.
+func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
+	if err := l.ready(ctx); err != nil {
+		return throttle.Decision{}, err
+	}
+	args := l.header(make([]any, 0, 14), r)
+	args = append(args, r.argN, r.member, r.horizon)
+	cmd := redis.NewIntSliceCmd(ctx, args...)
+	if err := windowScript.Run(ctx, l.client, cmd); err != nil {
+		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
+	}
+	var d [1]throttle.Decision
+	err := decisions(cmd.Val(), d[:], r.limit)
+	return d[0], err
+}
+
+// many decides a batch: one script call per key (and quota), carrying
+// that key's requests in arrival order, pipelined when there are several.
+func (l *Redis) many(ctx context.Context, calls []*call) {
+	if err := l.ready(ctx); err != nil {
+		for _, c := range calls {
+			c.Err = err
+		}
+		return
+	}
+	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} })
+	cmds := make([]*redis.IntSliceCmd, len(groups))
+	for i, g := range groups {
+		args := l.header(make([]any, 0, 9+3*len(g)), g[0].Req)
+		for _, c := range g {
+			args = append(args, c.Req.argN, c.Req.member, c.Req.horizon)
+		}
+		cmds[i] = redis.NewIntSliceCmd(ctx, args...)
+	}
+	errs := windowScript.RunAll(ctx, l.client, cmds)
+	for i, g := range groups {
+		err := errs[i]
+		d := make([]throttle.Decision, len(g))
+		if err != nil {
+			err = fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
+		} else {
+			err = decisions(cmds[i].Val(), d, g[0].Req.limit)
+		}
+		for j, c := range g {
+			c.Res, c.Err = d[j], err
+		}
+	}
+}
+
+func (l *Redis) ready(ctx context.Context) error {
+	if l.server == nil {
+		return nil
+	}
+	if err := l.server.Ready(ctx); err != nil {
+		return fmt.Errorf("window: redis: %w", err)
+	}
+	return nil
+}
+
+// header starts the EVALSHA of r's key: the script, the keys (the sorted
+// set, its hint, its pause and, with a client clock, its floor) and ARGV[1]
+// to ARGV[4] (window, limit, now, whether the reading was inexact).
+func (l *Redis) header(args []any, r request) []any {
+	args = windowScript.Start(args)
+	if l.clock == nil {
+		return append(args, argKeys3, r.key, r.hint, pauseKey(r.key), r.argWin, r.argLimit, argTime, argExact)
+	}
+	now, slack := instant(l.clock.Now(), 0)
+	inexact := argExact
+	if slack != 0 {
+		inexact = argOne
+	}
+	return append(args, argKeys4, r.key, r.hint, pauseKey(r.key), r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact)
+}
+
+// decisions converts the script's reply, five integers per request
+// ({allowed, remaining, retry µs, reset µs, reserved}), into d.
+func decisions(v []int64, d []throttle.Decision, limit int) error {
+	if len(v) != 5*len(d) {
+		return fmt.Errorf("%w: %d integers for %d requests", errReply, len(v), len(d))
+	}
+	for i := range d {
+		r := v[5*i : 5*i+5]
+		d[i] = throttle.Decision{
+			Allowed:    r[0] == 1,
+			Limit:      limit,
+			Remaining:  int(max(r[1], 0)),
+			ResetAfter: micros(max(r[3], 0)),
+			Source:     throttle.SourceRedis,
+		}
+		if !d[i].Allowed {
+			// > 0 by construction (the slot is after now); kept > 0
+			// whatever the store says, as the Decision contract asks.
+			d[i].RetryAfter = max(micros(r[2]), time.Millisecond)
+			d[i].Reserved = r[4] == 1
+		}
+	}
+	return nil
+}

@@ -1,0 +1,206 @@
+package window
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/coalesce"
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+// TestBatchDecidesAsOneByOne sends random batches (AllowN, AllowID with ids
+// reused, Peek, costs 1-3, horizons, two keys) as coalesced flushes of
+// window.Redis, and the same requests one after another to window.Memory
+// at the same instant: every decision must be the same. So a batch
+// decides exactly as its requests made one by one at the flush instant.
+func TestBatchDecidesAsOneByOne(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := throttle.Rate{Count: 6, Per: time.Second}
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 11))
+			clock := throttletest.NewClock(throttletest.T0)
+			mem, err := NewMemory(r, WithClock(clock))
+			if err != nil {
+				t.Fatal(err)
+			}
+			red := newTestRedis(t, client, r, WithClock(clock))
+			ctx := context.Background()
+			costs := map[string]int{}
+			kinds := map[string]int{}
+			at := time.Duration(0)
+			for step := range 150 {
+				at += time.Duration(rng.IntN(300_000)) * time.Microsecond
+				clock.Set(throttletest.T0.Add(at))
+				k := 1 + rng.IntN(12)
+				calls := make([]*call, k)
+				want := make([]throttle.Decision, k)
+				for i := range calls {
+					key := []string{"a", "b"}[rng.IntN(2)]
+					id := fmt.Sprint("job-", rng.IntN(40))
+					if _, ok := costs[id]; !ok {
+						costs[id] = 1 + rng.IntN(3)
+					}
+					n := costs[id]
+					horizon := []time.Duration{0, 2 * time.Second, 5 * time.Second}[rng.IntN(3)]
+					var req request
+					kind := rng.IntN(6)
+					switch kind {
+					case 0:
+						want[i], err = mem.AllowN(ctx, key, n)
+						if err == nil {
+							req, err = red.request(key, n, "", argAllowN)
+						}
+					case 1:
+						want[i], err = mem.Peek(ctx, key, n)
+						if err == nil {
+							req, err = red.request(key, n, "", argPeek)
+						}
+					default:
+						want[i], err = mem.AllowID(ctx, key, n, id, horizon)
+						if err == nil {
+							req, err = red.request(key, n, id, strconv.FormatInt(horizonMicros(horizon), 10))
+						}
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					kinds[[]string{"AllowN", "Peek", "AllowID", "AllowID", "AllowID", "AllowID"}[kind]]++
+					calls[i] = &call{Req: req}
+				}
+				red.many(ctx, calls)
+				for i, c := range calls {
+					if c.Err != nil {
+						t.Fatalf("step %d, request %d: %v", step, i, c.Err)
+					}
+					got := c.Res
+					got.Source, want[i].Source = 0, 0
+					if got != want[i] {
+						t.Fatalf("step %d at %v, request %d of %d (%+v):\n one by one %+v\n batched    %+v", step, at, i, k, c.Req, want[i], got)
+					}
+				}
+			}
+			if kinds["AllowN"] < 50 || kinds["Peek"] < 50 {
+				t.Fatalf("kinds %v: the replay does not exercise every kind", kinds)
+			}
+		})
+	}
+}
+
+// TestCoalescedLoad puts 500 goroutines on one key at once, beside two
+// CPU-bound goroutines, at the default timeout (50 ms): no call may fail,
+// exactly Count are admitted, and Redis runs far fewer script calls than
+// there are decisions.
+func TestCoalescedLoad(t *testing.T) {
+	srv := redistest.Shared(t)
+	client := srv.Client(t)
+	r := throttle.Rate{Count: 100, Per: time.Minute}
+	l, err := NewRedis(client, r, WithPrefix(freshPrefix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Warm, as a running service is: the script loaded, a connection open.
+	if _, err := l.Allow(ctx, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	calls0 := redistest.ScriptCalls(t, client)
+
+	stop := throttletest.Spin(2)
+	defer stop()
+
+	const goroutines = 500
+	var admitted, failed atomic.Int64
+	var firstErr atomic.Value
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d, err := l.Allow(ctx, "hot")
+			switch {
+			case err != nil:
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			case d.Allowed:
+				admitted.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of %d calls failed, first: %v", failed.Load(), goroutines, firstErr.Load())
+	}
+	if admitted.Load() != int64(r.Count) {
+		t.Fatalf("%d admitted of %d at a limit of %v, want exactly %d", admitted.Load(), goroutines, r, r.Count)
+	}
+	scripts := redistest.ScriptCalls(t, client) - calls0
+	if scripts > goroutines/4 {
+		t.Fatalf("%d script calls for %d decisions: not coalesced", scripts, goroutines)
+	}
+	t.Logf("%d decisions in %d script calls", goroutines, scripts)
+}
+
+// TestQueuedCallerWithdraws: a caller whose context ends while its request
+// is queued behind a flush gets its context's error and is charged
+// nothing.
+func TestQueuedCallerWithdraws(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	r := throttle.Rate{Count: 10, Per: time.Minute}
+	l := newTestRedis(t, client, r, WithTimeout(2*time.Second))
+	ctx := context.Background()
+	if _, err := l.Allow(ctx, "k"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	// A paused server holds the flushes in flight; the next caller queues.
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	var held sync.WaitGroup
+	for range coalesce.MaxInFlight {
+		held.Add(1)
+		go func() { defer held.Done(); _, _ = l.Allow(ctx, "k") }()
+	}
+	waitInFlight(t, l, coalesce.MaxInFlight)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err := l.Allow(short, "k")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("queued Allow = %v, want context.DeadlineExceeded", err)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	held.Wait()
+	d, err := l.Peek(ctx, "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := r.Count - d.Remaining - 1; used != 1+coalesce.MaxInFlight { // Peek's Remaining counts its own unit
+		t.Fatalf("%d units used, want %d: the withdrawn caller was charged", used, 1+coalesce.MaxInFlight)
+	}
+}
+
+// waitInFlight waits until l has n flushes in flight.
+func waitInFlight(t *testing.T, l *Redis, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); l.batch.InFlight() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d flushes in flight after 5s, want %d", l.batch.InFlight(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
