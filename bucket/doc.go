@@ -90,7 +90,7 @@
 // a partner answers 429 (natsthrottle.Backoff, asynqthrottle.Backoff).
 // Redis keeps the pause in a string key beside the hash, prefix + "{" +
 // escaped key + "}:pause", holding the instant it ends; bucket.lua and
-// bucket_id.lua read it with one GET per decision, and it expires when the
+// bucket_id.lua read it with one GET per script call, and it expires when the
 // pause ends. A Hybrid sees another process's pause at its next lease call
 // on the key, within 500 ms (see Hybrid). Pause refuses d <= 0 with an
 // error naming "d".

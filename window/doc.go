@@ -119,8 +119,8 @@
 // answers 429 (natsthrottle.Backoff, asynqthrottle.Backoff). [Redis] keeps
 // the pause in a string key beside the sorted set, prefix + "{" + tag +
 // "}:pause", holding the instant the pause ends, so every process sharing
-// the Redis sees it; window.lua reads it with one GET per decision (one
-// round trip still), and it expires when the pause ends. [Memory] keeps
+// the Redis sees it; window.lua reads it with one GET per script call (a
+// coalesced batch shares it; one round trip still), and it expires when the pause ends. [Memory] keeps
 // its pauses apart from the logs, so the sweep of idle keys never forgets
 // one. Pause refuses d <= 0 with an error naming "d".
 //

@@ -51,7 +51,8 @@ func (m *Memory) paused(key string, now, left int64, r throttle.Rate, perUS int6
 // Redis server's TIME, or the WithClock clock); one script sets it only if
 // that is later than the end already recorded (a longer pause extends, a
 // shorter one never shortens), and it expires when the pause ends.
-// window.lua reads it with one GET per decision. Reset ends it.
+// window.lua reads it with one GET per script call (every request of a
+// coalesced batch is rejected while it holds). Reset ends it.
 //
 // With WithClock the key still expires after d of the Redis server's real
 // time: a client clock that runs slower than real time sees the pause end
