@@ -70,3 +70,44 @@ func TestDroppedRepliesChargeOnce(t *testing.T) {
 		t.Fatalf("%d new ids admitted after the lost replies, want %d: a lost reply was charged twice", admitted, limit-lost)
 	}
 }
+
+// TestStalledRedisAppliesNothingLate: a decision whose caller gave up
+// long before a stalled Redis ran it (a pause beyond WithTimeout +
+// lateSlack) applies nothing when Redis resumes, so the redelivery is
+// charged at the instant its handler really starts, not admitted free on
+// an admission counted seconds earlier (which let the worker run a
+// tenant's handlers over its limit after a pause).
+func TestStalledRedisAppliesNothingLate(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Minute}, WithTimeout(100*time.Millisecond))
+	ctx := context.Background()
+	if _, err := l.AllowID(ctx, "k", 1, "warm", 0); err != nil { // connect, load the script
+		t.Fatal(err)
+	}
+	direct := srv.Client(t)
+	scripts := redistest.ScriptCalls(t, direct)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := l.AllowID(ctx, "k", 1, "m", time.Minute)
+	time.Sleep(100*time.Millisecond + lateSlack) // the deadline passes while Redis is stopped
+	if rerr := srv.Resume(); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err == nil {
+		t.Fatal("AllowID while Redis is stopped succeeded, want a timeout")
+	}
+	for deadline := time.Now().Add(5 * time.Second); redistest.ScriptCalls(t, direct) < scripts+1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled call never ran")
+		}
+	}
+	if direct.ZScore(ctx, l.key("k"), "A1:m").Err() == nil {
+		t.Fatal("the stalled call admitted m after its caller's deadline")
+	}
+	d, err := l.AllowID(ctx, "k", 1, "m", time.Minute)
+	if err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("m again: %+v, %v; want admitted now, charged once (Remaining 0)", d, err)
+	}
+}

@@ -62,6 +62,8 @@ type Redis struct {
 	member   memberSource
 	quotas   throttle.QuotaFunc
 	batch    *coalesce.Batcher[request, throttle.Decision]
+
+	lastExpiry atomic.Pointer[expiryArg] // see expiry
 }
 
 // NewRedis returns a sliding window admitting r.Count units per r.Per for

@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -27,6 +28,10 @@ type request struct {
 
 type call = coalesce.Call[request, throttle.Decision]
 
+// errLate is the error of decisions whose script ran after their caller's
+// deadline (plus lateSlack) and so applied nothing.
+var errLate = errors.New("window: redis: the script ran after its caller's deadline and applied nothing (Redis was stalled, or its clock is ahead of this machine's by more than 1s)")
+
 // groupID is what the requests of one script call share: the key, and
 // its quota when the request was made.
 type groupID struct {
@@ -50,7 +55,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	if err := l.ready(ctx); err != nil {
 		return throttle.Decision{}, err
 	}
-	args := l.header(make([]any, 0, 14), r)
+	args := l.header(ctx, make([]any, 0, 14), r)
 	args = append(args, r.argN, r.member, r.horizon)
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	if err := windowScript.Run(ctx, l.client, cmd); err != nil {
@@ -73,7 +78,7 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} })
 	cmds := make([]*redis.IntSliceCmd, len(groups))
 	for i, g := range groups {
-		args := l.header(make([]any, 0, 9+3*len(g)), g[0].Req)
+		args := l.header(ctx, make([]any, 0, 10+3*len(g)), g[0].Req)
 		for _, c := range g {
 			args = append(args, c.Req.argN, c.Req.member, c.Req.horizon)
 		}
@@ -106,23 +111,60 @@ func (l *Redis) ready(ctx context.Context) error {
 
 // header starts the EVALSHA of r's key: the script, the keys (the sorted
 // set, its hint, its pause and, with a client clock, its floor) and ARGV[1]
-// to ARGV[4] (window, limit, now, whether the reading was inexact).
-func (l *Redis) header(args []any, r request) []any {
+// to ARGV[5] (window, limit, now, whether the reading was inexact, and
+// the instant after which the script must apply nothing).
+func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	args = windowScript.Start(args)
 	if l.clock == nil {
-		return append(args, argKeys3, r.key, r.hint, pauseKey(r.key), r.argWin, r.argLimit, argTime, argExact)
+		return append(args, argKeys3, r.key, r.hint, pauseKey(r.key), r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
 	}
 	now, slack := instant(l.clock.Now(), 0)
 	inexact := argExact
 	if slack != 0 {
 		inexact = argOne
 	}
-	return append(args, argKeys4, r.key, r.hint, pauseKey(r.key), r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact)
+	// A client clock: the script does not read TIME, so it cannot tell
+	// that it runs late.
+	return append(args, argKeys4, r.key, r.hint, pauseKey(r.key), r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
+}
+
+// lateSlack is how late, after its caller's deadline, a script may still
+// apply its decisions: it covers the difference between this machine's
+// clock and the Redis server's.
+const lateSlack = time.Second
+
+var argNoExpiry any = ""
+
+// expiry returns ARGV[5]: ctx's deadline plus lateSlack, in µs since the
+// Unix epoch, so that a script that runs only after its caller gave up
+// (Redis was stalled: paused, swapping, blocked by a slow command) applies
+// nothing, rather than count an admission nobody knows of. The boxed
+// string is kept for the next call with the same deadline (the calls that
+// share one deadline context).
+func (l *Redis) expiry(ctx context.Context) any {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return argNoExpiry
+	}
+	if e := l.lastExpiry.Load(); e != nil && e.at.Equal(dl) {
+		return e.arg
+	}
+	e := &expiryArg{at: dl, arg: strconv.FormatInt(dl.Add(lateSlack).UnixMicro(), 10)}
+	l.lastExpiry.Store(e)
+	return e.arg
+}
+
+type expiryArg struct {
+	at  time.Time
+	arg any
 }
 
 // decisions converts the script's reply, five integers per request
 // ({allowed, remaining, retry µs, reset µs, reserved}), into d.
 func decisions(v []int64, d []throttle.Decision, limit int) error {
+	if len(v) == 1 && v[0] == -1 {
+		return errLate
+	}
 	if len(v) != 5*len(d) {
 		return fmt.Errorf("%w: %d integers for %d requests", errReply, len(v), len(d))
 	}

@@ -21,7 +21,11 @@
 --          rounded up (and the window one µs longer).
 -- ARGV[4]  "1": the client's reading had a part below the µs (ARGV[3] is
 --          rounded up), so the window is one µs longer; else "0".
--- ARGV[5...] the requests, three arguments each:
+-- ARGV[5]  with the server's TIME: an instant, µs, after which the script
+--          applies nothing and returns {-1}: its caller has given up
+--          (Redis was stalled), and an admission nobody knows of must not
+--          count. "": none.
+-- ARGV[6...] the requests, three arguments each:
 --   n        the cost (1 <= n <= limit, checked by the caller).
 --   member   AllowN: a member identity unique to this request; units are
 --            stored as member (n == 1) or member..":"..i.
@@ -85,6 +89,9 @@ else
 	local t = redis.call("TIME")
 	now = t[1] * 1000000 + t[2] + 1
 	window = window + 1
+	if ARGV[5] ~= "" and now > tonumber(ARGV[5]) then
+		return {-1}
+	end
 end
 
 -- Paused (Pause): reject every request, writing nothing; retry_after is
@@ -98,7 +105,7 @@ if pausedUntil and pausedUntil > now then
 		reset = top + nominal - now
 	end
 	local out = {}
-	for i = 5, #ARGV, 3 do
+	for _ = 6, #ARGV, 3 do -- one reply per request (ARGV[6...])
 		local j = #out
 		out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
 	end
@@ -479,7 +486,7 @@ local function write()
 	pending, npending, pendingAt = {}, 0, {}
 end
 
-for i = 5, #ARGV, 3 do
+for i = 6, #ARGV, 3 do
 	local n = tonumber(ARGV[i])
 	local base = ARGV[i + 1]
 	local horizon = tonumber(ARGV[i + 2])

@@ -31,6 +31,9 @@ const (
 	// asynq keeps retry times in whole seconds, so a rejected task comes
 	// back between its retry-after and about a second plus this later.
 	asynqCheckInterval = 200 * time.Millisecond
+	// asynqRetention is how long a handled task stays in the queue (see
+	// enqueue); the queue and its keys are deleted at the end of the run.
+	asynqRetention = 10 * time.Minute
 )
 
 // asynqSide is the asynq producer and consumer of a run.
@@ -141,8 +144,12 @@ func taskJob(t *asynq.Task) (job, error) {
 
 // enqueue enqueues job j as a task with the job id as task ID (so a resend
 // is refused as a duplicate), MaxRetry asynqMaxRetry, and the trace context
-// of a producer span in its headers.
-func (a *asynqSide) enqueue(ctx context.Context, j job) error {
+// of a producer span in its headers. retried reports that an earlier
+// attempt failed: a conflict then means that attempt's task got in (its
+// reply was lost), and it counts as enqueued. Tasks are kept for
+// asynqRetention once handled, so that such a resend finds the task even
+// when it has already run.
+func (a *asynqSide) enqueue(ctx context.Context, j job, retried bool) error {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err
@@ -152,12 +159,12 @@ func (a *asynqSide) enqueue(ctx context.Context, j job) error {
 	task := asynq.NewTaskWithHeaders(taskType, data, asynqthrottle.InjectTraceContext(sctx, nil))
 	ectx, cancel := context.WithTimeout(sctx, 5*time.Second)
 	defer cancel()
-	_, err = a.client.EnqueueContext(ectx, task, asynq.Queue(a.queue), asynq.TaskID(j.ID), asynq.MaxRetry(asynqMaxRetry))
+	_, err = a.client.EnqueueContext(ectx, task, asynq.Queue(a.queue), asynq.TaskID(j.ID), asynq.MaxRetry(asynqMaxRetry), asynq.Retention(asynqRetention))
 	switch {
-	case errors.Is(err, asynq.ErrTaskIDConflict), errors.Is(err, asynq.ErrDuplicateTask):
+	case (errors.Is(err, asynq.ErrTaskIDConflict) || errors.Is(err, asynq.ErrDuplicateTask)) && !retried:
 		return nil
-	case err != nil:
-		return fmt.Errorf("enqueue job %s: %w", j.ID, err)
+	case err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) && !errors.Is(err, asynq.ErrDuplicateTask):
+		return err
 	}
 	a.rec.published(j.Tenant, j.ID, 0)
 	return nil
@@ -179,7 +186,8 @@ func (a *asynqSide) handle(ctx context.Context, t *asynq.Task) error {
 	if a.work > 0 {
 		time.Sleep(a.work)
 	}
-	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id, At: start.UnixNano(), End: time.Now().UnixNano()})
+	retried, _ := asynq.GetRetryCount(ctx)
+	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id, At: start.UnixNano(), End: time.Now().UnixNano(), Delivery: uint64(retried) + 1})
 	return nil
 }
 

@@ -40,15 +40,15 @@ const childEnv = "QUEUETHROTTLE_EXAMPLE_WORKER_PROCESS"
 
 // record is one JSON line from a worker process.
 type record struct {
-	Kind   string   `json:"kind"` // "admit", "handle", "nak", "hold", "term", "metrics", "error" or "done"
+	Kind   string   `json:"kind"` // "admit", "handle", "ack", "nak", "hold", "term", "metrics", "error" or "done"
 	Tenant string   `json:"tenant,omitempty"`
 	N      int      `json:"n,omitempty"`      // admit: cost units
-	ID     string   `json:"id,omitempty"`     // admit: the admission's identity
+	ID     string   `json:"id,omitempty"`     // admit: the admission's identity; ack: the job
 	Before int64    `json:"before,omitempty"` // admit: clock before the decision, Unix ns
 	After  int64    `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
 	Run    *handled `json:"run,omitempty"`    // handle
-	Seq    uint64   `json:"seq,omitempty"`    // hold: stream sequence
-	At     int64    `json:"at,omitempty"`     // nak, hold: when it was sent, Unix ns (0: when received)
+	Seq    uint64   `json:"seq,omitempty"`    // hold: stream sequence; ack: delivery count
+	At     int64    `json:"at,omitempty"`     // nak, hold: when it was sent; ack: when it was confirmed; Unix ns (0: when received)
 	// Reserved, on a nak, reports that its decision reserved the
 	// message's own slot.
 	Reserved bool                `json:"reserved,omitempty"`
@@ -82,6 +82,10 @@ func (w *recordWriter) admitted(tenant, id string, n int, before, after time.Tim
 }
 
 func (w *recordWriter) handle(h handled) { w.send(record{Kind: "handle", Run: &h}) }
+
+func (w *recordWriter) acked(id string, _ int, delivery uint64, at time.Time) {
+	w.send(record{Kind: "ack", ID: id, Seq: delivery, At: at.UnixNano()})
+}
 
 func (w *recordWriter) nak(tenant string, at time.Time, reserved bool) {
 	w.send(record{Kind: "nak", Tenant: tenant, At: at.UnixNano(), Reserved: reserved})
@@ -149,7 +153,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
-	nc, _, err := connect(cfg.NATSURL, &cl)
+	nc, err := connect(cfg.NATSURL, &cl)
 	if err != nil {
 		return err
 	}
@@ -205,21 +209,27 @@ func closedOnEOF(r io.Reader) <-chan struct{} {
 
 // process is a running worker process.
 type process struct {
-	id    int
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	read  chan struct{} // closed when its stdout is read to the end
-	done  bool          // sent its "done" record
+	id     int
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	read   chan struct{} // closed when its stdout is read to the end
+	done   bool          // sent its "done" record
+	killed bool          // killed on purpose (kill-worker): its end is no failure
 }
 
 // processes are the worker processes of a run and what they report.
 type processes struct {
 	rec    *recorder
-	out    io.Writer // where the main process prints
-	list   []*process
+	out    io.Writer  // where the main process prints
 	exited chan error // a process ended before it was asked to stop
 
+	// What starts a process: this program's binary and its arguments.
+	cfg                config
+	exe, jobsPath      string
+	natsURL, keyPrefix string
+
 	mu       sync.Mutex
+	list     []*process
 	errs     errorLog
 	hybrid   bucket.HybridStats
 	isHybrid bool
@@ -241,43 +251,92 @@ func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder,
 	if err != nil {
 		return nil, err
 	}
-	ps := &processes{rec: rec, out: out, exited: make(chan error, n)}
+	// Room for a replacement per process, so a send never blocks.
+	ps := &processes{rec: rec, out: out, exited: make(chan error, 2*n), cfg: cfg, exe: exe, jobsPath: jobsPath, natsURL: natsURL, keyPrefix: keyPrefix}
 	for id := 1; id <= n; id++ {
-		args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", keyPrefix,
-			"-nats", natsURL, "-redis", cfg.RedisURL, "-jobs", jobsPath,
-			"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
-			"-reservations", cfg.Reservations.String(),
-			"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String()}
-		if cfg.Metrics != "" {
-			addr, err := processMetricsAddr(cfg.Metrics, id)
-			if err != nil {
-				ps.stop(0)
-				return nil, err
-			}
-			args = append(args, "-metrics", addr)
-		}
-		cmd := exec.Command(exe, args...)
-		cmd.Env = append(os.Environ(), childEnv+"=1")
-		cmd.Stderr = os.Stderr
-		cmd.SysProcAttr = sysProcAttr()
-		p := &process{id: id, cmd: cmd, read: make(chan struct{})}
-		if p.stdin, err = cmd.StdinPipe(); err != nil {
+		if err := ps.start(id); err != nil {
 			ps.stop(0)
 			return nil, err
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			ps.stop(0)
-			return nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			ps.stop(0)
-			return nil, fmt.Errorf("start worker process #%d: %w", id, err)
-		}
-		ps.list = append(ps.list, p)
-		go ps.read(p, stdout)
 	}
 	return ps, nil
+}
+
+// start starts worker process id.
+func (ps *processes) start(id int) error {
+	cfg := ps.cfg
+	args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", ps.keyPrefix,
+		"-nats", ps.natsURL, "-redis", cfg.RedisURL, "-jobs", ps.jobsPath,
+		"-rate", cfg.Rate, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
+		"-reservations", cfg.Reservations.String(),
+		"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String()}
+	if cfg.Metrics != "" {
+		addr, err := processMetricsAddr(cfg.Metrics, id)
+		if err != nil {
+			return err
+		}
+		args = append(args, "-metrics", addr)
+	}
+	cmd := exec.Command(ps.exe, args...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = sysProcAttr()
+	p := &process{id: id, cmd: cmd, read: make(chan struct{})}
+	var err error
+	if p.stdin, err = cmd.StdinPipe(); err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start worker process #%d: %w", id, err)
+	}
+	ps.mu.Lock()
+	ps.list = append(ps.list, p)
+	ps.mu.Unlock()
+	go ps.read(p, stdout)
+	return nil
+}
+
+// killOne kills (SIGKILL) the live worker process that has handled the
+// most jobs so far, the likeliest to have messages in hand, and returns
+// its number and pid.
+func (ps *processes) killOne() (id, pid int, err error) {
+	ps.mu.Lock()
+	var victim *process
+	for _, p := range ps.list {
+		if !p.killed && (victim == nil || ps.rec.runsBy(p.id) > ps.rec.runsBy(victim.id)) {
+			victim = p
+		}
+	}
+	if victim == nil {
+		ps.mu.Unlock()
+		return 0, 0, errors.New("no worker process to kill")
+	}
+	victim.killed = true
+	ps.mu.Unlock()
+	if err := victim.cmd.Process.Kill(); err != nil {
+		return 0, 0, fmt.Errorf("kill worker process #%d: %w", victim.id, err)
+	}
+	<-victim.read
+	victim.stdin.Close()
+	return victim.id, victim.cmd.Process.Pid, nil
+}
+
+// replace starts a new worker process, numbered after the others, and
+// returns its number and pid.
+func (ps *processes) replace() (id, pid int, err error) {
+	ps.mu.Lock()
+	id = len(ps.list) + 1
+	ps.mu.Unlock()
+	if err := ps.start(id); err != nil {
+		return 0, 0, err
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return id, ps.list[len(ps.list)-1].cmd.Process.Pid, nil
 }
 
 // read applies the records of p to the recorder until p's stdout ends;
@@ -296,8 +355,11 @@ func (ps *processes) read(p *process, stdout io.Reader) {
 	}
 	err := p.cmd.Wait()
 	ps.mu.Lock()
-	stopping := ps.stopping
+	stopping, killed := ps.stopping, p.killed
 	ps.mu.Unlock()
+	if killed {
+		return
+	}
 	if !stopping {
 		if err == nil {
 			err = errors.New("exited")
@@ -316,6 +378,8 @@ func (ps *processes) apply(p *process, r record) {
 		if r.Run != nil {
 			ps.rec.handle(*r.Run)
 		}
+	case "ack":
+		ps.rec.acked(r.ID, p.id, r.Seq, recordTime(r.At))
 	case "nak":
 		ps.rec.nak(r.Tenant, recordTime(r.At), r.Reserved)
 	case "hold":
@@ -354,12 +418,18 @@ func recordTime(at int64) time.Time {
 func (ps *processes) stop(grace time.Duration) {
 	ps.mu.Lock()
 	ps.stopping = true
-	ps.mu.Unlock()
+	var list []*process
 	for _, p := range ps.list {
+		if !p.killed {
+			list = append(list, p)
+		}
+	}
+	ps.mu.Unlock()
+	for _, p := range list {
 		p.stdin.Close()
 	}
 	deadline := time.After(grace)
-	for _, p := range ps.list {
+	for _, p := range list {
 		select {
 		case <-p.read:
 			continue
@@ -371,7 +441,7 @@ func (ps *processes) stop(grace time.Duration) {
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	for _, p := range ps.list {
+	for _, p := range list {
 		if !p.done {
 			ps.errs.add(fmt.Sprintf("worker process #%d", p.id), errors.New("sent no final record: its counts may be incomplete"))
 		}
@@ -389,7 +459,10 @@ func (ps *processes) hybridStats() (bucket.HybridStats, bool) {
 // workInstances is work with -instances n: this process starts the NATS
 // server (unless -nats), publishes the jobs and checks the records of n
 // worker processes that consume them with the Redis limiter.
-func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, rateOf func(string) throttle.Rate, defRate throttle.Rate, spec limiterSpec) (report, error) {
+//
+// The faults of fs are injected while it runs; kill-worker kills one of
+// the worker processes and starts a replacement.
+func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, rateOf func(string) throttle.Rate, defRate throttle.Rate, spec limiterSpec, fs faultSetup) (report, error) {
 	if cfg.RedisURL == "" {
 		return report{}, fmt.Errorf("-instances %d needs -redis URL: the worker processes share their limits through Redis", cfg.Instances)
 	}
@@ -410,6 +483,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	}
 	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
 	rec.rateOf = rateOf
+	rec.horizon = cfg.Reservations
 	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec, out)
 	if err != nil {
 		return report{}, err
@@ -426,9 +500,19 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	defer pcancel()
 	pubDone := make(chan error, 1)
 	go func() {
-		pubDone <- publish(pctx, js, tp.Tracer(scopeName), propagation.TraceContext{}, jf.Jobs, start, rec, nil)
+		pubDone <- publish(pctx, js, tp.Tracer(scopeName), propagation.TraceContext{}, jf.Jobs, start, rec, nil, out)
 	}()
-	stopReason, pubErr, pubReturned := wait(ctx, cfg, rec.complete, rec.progressLine, pubDone, ps.exited, out)
+	var complete <-chan struct{} = rec.complete
+	var faultErrs <-chan error
+	stopFaults := func() {}
+	if len(fs.kinds) > 0 {
+		fi := startFaults(ctx, fs.kinds, faultTargets{redis: fs.redis, nats: ns.server, procs: ps}, start, jf.span(), rec.addFault, out)
+		stopFaults = fi.stop
+		defer fi.stop()
+		complete, faultErrs = allClosed(complete, fi.settled), fi.errs
+	}
+	stopReason, pubErr, pubReturned := wait(ctx, cfg, complete, rec.progressLine, pubDone, firstErr(ps.exited, faultErrs), out)
+	stopFaults() // a fault under way recovers first
 	pcancel()
 	if !pubReturned {
 		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {

@@ -130,6 +130,14 @@ func checkTenant(name string) error {
 }
 
 // tenants returns the tenants of jobs, sorted.
+// span is the arrival offset of the last job (0 for none).
+func (jf jobsFile) span() time.Duration {
+	if len(jf.Jobs) == 0 {
+		return 0
+	}
+	return jf.Jobs[len(jf.Jobs)-1].at()
+}
+
 func (jf jobsFile) tenants() []string {
 	seen := map[string]bool{}
 	var ts []string

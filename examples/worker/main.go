@@ -15,6 +15,21 @@
 // deleted at the start and at the end, and no other stream may claim
 // jobs.>.
 //
+// -redis local starts a redis-server from PATH on a free loopback port
+// for the run (stopped at the end), with persistence (appendonly yes,
+// appendfsync always) in a temporary directory. -faults LIST injects,
+// one after the other and spread over the trace, kill-redis (SIGKILL,
+// restart on the same port 2 s later) and pause-redis (SIGSTOP for 3 s),
+// which need -redis local; kill-worker (SIGKILL to one worker process of
+// -instances, 2 or more; a replacement starts 1 s later); restart-nats
+// (the embedded nats-server shuts down and starts again 1 s later on the
+// same store). The publisher retries until each job is in (its id
+// deduplicates a resend); with faults the consumer has no MaxDeliver, and
+// the run lasts until AckWait after the last fault. The summary lists the
+// faults and the jobs handled again because a fault caught their ack in
+// flight (explained, see explainDuplicates); any other duplicate fails
+// the check.
+//
 // -limiter picks the family: window (sliding window log; in memory, or
 // window.NewRedis with -redis), bucket (token bucket; bucket.NewLocal, or
 // bucket.NewRedis with -redis; capacity -burst, default each tenant's
@@ -121,8 +136,10 @@
 //	go run ./examples/worker -instances 3 -redis redis://localhost:6379/0
 //	go run ./examples/worker -instances 3 -redis redis://localhost:6379/0 -inflight 2 -work 200ms
 //	go run ./examples/worker -trace stdout | tail
+//	go run ./examples/worker -redis local -instances 3 -faults kill-redis,pause-redis,kill-worker,restart-nats
 //
-// The exit status is 1 when a job was not handled exactly once, when a
+// The exit status is 1 when a job was never handled or handled more than
+// once without a fault to explain it, when a
 // tenant was admitted beyond its limit (or its bucket's bound) or ran
 // more handlers at once than -inflight, when an
 // asynq task was archived, or on an error.
@@ -163,6 +180,9 @@ type config struct {
 	// concurrency.NewMemory); Work is how long every handler takes.
 	InFlight int
 	Work     time.Duration
+	// Faults is the -faults list: kill-redis, pause-redis, kill-worker,
+	// restart-nats, comma-separated, injected during the run.
+	Faults string
 
 	// The hidden settings of a worker process of -instances.
 	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
@@ -193,7 +213,7 @@ func main() {
 	flag.StringVar(&cfg.Rate, "rate", cfg.Rate, "per-tenant `limit` COUNT/PERIOD, e.g. 20/1s; rate lines in the jobs file override it per tenant")
 	flag.StringVar(&cfg.Limiter, "limiter", cfg.Limiter, "limiter `family`: window (sliding window log), bucket (token bucket) or hybrid (token bucket deciding locally on tokens leased from Redis; needs -redis)")
 	flag.IntVar(&cfg.Burst, "burst", 0, "bucket capacity `N` for -limiter bucket or hybrid (default: each tenant's rate count)")
-	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs (default: in-process limiters, NATS only)")
+	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs; \"local\" starts a redis-server from PATH on a free loopback port, with persistence, for the run (default: in-process limiters, NATS only)")
 	flag.IntVar(&cfg.Instances, "instances", cfg.Instances, "`N` > 1 runs N worker processes on the NATS server and the Redis limiter (needs -redis; NATS only)")
 	flag.StringVar(&cfg.NATSURL, "nats", "", "NATS `URL` of a JetStream server (default: embedded server in a temp dir)")
 	flag.StringVar(&cfg.Trace, "trace", "", "`exporter` of the spans: \"stdout\" prints them with the OpenTelemetry stdout exporter (default: no tracing)")
@@ -204,6 +224,7 @@ func main() {
 	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
 	flag.IntVar(&cfg.InFlight, "inflight", 0, "at most `N` handlers of a tenant at once, across every worker process (in Redis with -redis; 0: no limit)")
 	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks")
+	flag.StringVar(&cfg.Faults, "faults", "", "inject these faults during the run, one after the other: a comma-separated `list` of kill-redis (SIGKILL, restart on the same port 2s later) and pause-redis (SIGSTOP for 3s), which need -redis local; kill-worker (SIGKILL one worker process, a replacement starts), which needs -instances 2 or more; restart-nats (shut the embedded nats-server down and start it again on the same store)")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")

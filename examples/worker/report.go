@@ -12,7 +12,14 @@ type (
 	jsonReport struct {
 		OK        bool           `json:"ok"`
 		Seconds   float64        `json:"seconds"` // the whole run
+		Faults    []jsonFault    `json:"faults"`  // injected with -faults, in order
 		Consumers []jsonConsumer `json:"consumers"`
+	}
+	jsonFault struct {
+		Kind       string  `json:"kind"`              // kill-redis, pause-redis, kill-worker or restart-nats
+		AtS        float64 `json:"at_s"`              // when it was injected, seconds from the start
+		RecoveredS float64 `json:"recovered_s"`       // when the run had recovered from it (server back, replacement started)
+		Process    int     `json:"process,omitempty"` // kill-worker: the worker process killed
 	}
 	jsonConsumer struct {
 		Name       string       `json:"name"`       // "nats" or "asynq"
@@ -21,28 +28,35 @@ type (
 		Tenants    []jsonTenant `json:"tenants"`
 	}
 	jsonTenant struct {
-		Tenant       string  `json:"tenant"`
-		Limit        string  `json:"limit"` // e.g. "20/1s"
-		Published    int     `json:"published"`
-		Handled      int     `json:"handled"`       // handler runs
-		HandledTwice int     `json:"handled_twice"` // jobs handled more than once
-		Lost         int     `json:"lost"`          // terminated, or dropped at MaxDeliver
-		Naks         int     `json:"naks"`          // NAKs (NATS) or rejections returned to asynq
-		Reserved     int     `json:"reserved"`      // of the NAKs, those whose decision reserved the message's own slot
-		MustWait     int     `json:"must_wait"`     // jobs that cannot start on arrival: the fewest NAKs possible
-		Holds        int     `json:"holds"`         // messages held on their last delivery
-		MaxInWindow  int     `json:"max_in_window"` // most cost units admitted in any window of the limit's period
-		Bound        int     `json:"bound"`         // the most the limiter may admit in such a window
-		WaitP50MS    float64 `json:"wait_p50_ms"`   // arrival to handler start
-		WaitP99MS    float64 `json:"wait_p99_ms"`
-		MaxInFlight  int     `json:"max_in_flight"`             // most handlers running at once, start to end of work
-		InFlight     int     `json:"in_flight_limit,omitempty"` // -inflight (0: no limit)
+		Tenant       string `json:"tenant"`
+		Limit        string `json:"limit"` // e.g. "20/1s"
+		Published    int    `json:"published"`
+		Handled      int    `json:"handled"`       // handler runs
+		HandledTwice int    `json:"handled_twice"` // jobs handled more than once, not explained by the faults
+		// DuplicatesExplained counts the jobs handled more than once
+		// where a fault explains every extra run (the broker delivered
+		// again a message whose ack the fault lost; see explainDuplicates).
+		DuplicatesExplained int     `json:"duplicates_explained"`
+		Lost                int     `json:"lost"`          // terminated, or dropped at MaxDeliver
+		Naks                int     `json:"naks"`          // NAKs (NATS) or rejections returned to asynq
+		Reserved            int     `json:"reserved"`      // of the NAKs, those whose decision reserved the message's own slot
+		MustWait            int     `json:"must_wait"`     // jobs that cannot start on arrival: the fewest NAKs possible
+		Holds               int     `json:"holds"`         // messages held on their last delivery
+		MaxInWindow         int     `json:"max_in_window"` // most cost units admitted in any window of the limit's period
+		Bound               int     `json:"bound"`         // the most the limiter may admit in such a window
+		WaitP50MS           float64 `json:"wait_p50_ms"`   // arrival to handler start
+		WaitP99MS           float64 `json:"wait_p99_ms"`
+		MaxInFlight         int     `json:"max_in_flight"`             // most handlers running at once, start to end of work
+		InFlight            int     `json:"in_flight_limit,omitempty"` // -inflight (0: no limit)
 	}
 )
 
 // writeReport writes rep, a run of elapsed, as JSON to path.
 func writeReport(path string, rep report, elapsed time.Duration) error {
-	out := jsonReport{OK: rep.OK(), Seconds: elapsed.Seconds()}
+	out := jsonReport{OK: rep.OK(), Seconds: elapsed.Seconds(), Faults: []jsonFault{}}
+	for _, f := range rep.Faults {
+		out.Faults = append(out.Faults, jsonFault{Kind: f.Kind, AtS: f.At.Seconds(), RecoveredS: f.Until.Seconds(), Process: f.Proc})
+	}
 	out.Consumers = append(out.Consumers, rep.jsonConsumer())
 	if rep.Asynq != nil {
 		out.Consumers = append(out.Consumers, rep.Asynq.jsonConsumer())
@@ -69,17 +83,19 @@ func (rep report) jsonConsumer() jsonConsumer {
 			Published:    t.Published,
 			Handled:      t.Handled,
 			HandledTwice: t.Twice,
-			Lost:         t.Terms + t.MaxDeliver,
-			Naks:         t.Naks,
-			Reserved:     t.Reserved,
-			MustWait:     t.MustWait,
-			Holds:        t.Holds,
-			MaxInWindow:  t.MaxInWindow,
-			Bound:        t.Bound,
-			WaitP50MS:    ms(t.WaitP50),
-			WaitP99MS:    ms(t.WaitP99),
-			MaxInFlight:  t.MaxInFlight,
-			InFlight:     rep.InFlight,
+
+			DuplicatesExplained: t.Explained,
+			Lost:                t.Terms + t.MaxDeliver,
+			Naks:                t.Naks,
+			Reserved:            t.Reserved,
+			MustWait:            t.MustWait,
+			Holds:               t.Holds,
+			MaxInWindow:         t.MaxInWindow,
+			Bound:               t.Bound,
+			WaitP50MS:           ms(t.WaitP50),
+			WaitP99MS:           ms(t.WaitP99),
+			MaxInFlight:         t.MaxInFlight,
+			InFlight:            rep.InFlight,
 		})
 	}
 	return c

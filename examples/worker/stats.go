@@ -24,6 +24,18 @@ type handled struct {
 	Proc   int    `json:"proc,omitempty"` // worker process (1..N) with -instances, else 0
 	At     int64  `json:"at,omitempty"`   // when the handler started, Unix ns (0: when recorded)
 	End    int64  `json:"end,omitempty"`  // when its work ended, before its ack, Unix ns (0: unknown)
+	// Delivery is the broker's delivery count of the message that ran:
+	// JetStream's NumDelivered, or asynq's retry count plus one (0:
+	// unknown).
+	Delivery uint64 `json:"delivery,omitempty"`
+	// Received is when the delivery reached the worker, Unix ns (0:
+	// unknown; asynq); it may have waited in the worker, held or for a
+	// reserved slot, before the handler started.
+	Received int64 `json:"received,omitempty"`
+	// AckAt is when the broker confirmed the ack, Unix ns; 0 while it has
+	// not (the ack failed, is still in flight, or its process died), and
+	// always for asynq, whose completion the handler does not see.
+	AckAt int64 `json:"ack_at,omitempty"`
 }
 
 // consumer says which consumer a recorder or report is about; the zero
@@ -85,6 +97,9 @@ type events interface {
 	// instant between before and after, with identity id ("" for none).
 	admitted(tenant, id string, n int, before, after time.Time)
 	handle(h handled)
+	// acked records that the broker confirmed, at at, the ack of the
+	// run of job id by process proc on delivery delivery.
+	acked(id string, proc int, delivery uint64, at time.Time)
 	// nak records a NAK sent at at; reserved reports that the decision
 	// behind it reserved the message's own slot (Decision.Reserved).
 	nak(tenant string, at time.Time, reserved bool)
@@ -123,6 +138,9 @@ type recorder struct {
 
 	// rateOf, if set, gives each tenant's limit for the progress lines.
 	rateOf func(string) throttle.Rate
+	// horizon is the reservations horizon, which bounds how late a
+	// redelivery after a fault may run and still be explained by it.
+	horizon time.Duration
 }
 
 func newRecorder(start time.Time, total int) *recorder {
@@ -178,6 +196,26 @@ func (r *recorder) handle(h handled) {
 	r.check()
 }
 
+// acked sets the ack time of the last run of job id by process proc on
+// delivery delivery.
+func (r *recorder) acked(id string, proc int, delivery uint64, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.runs) - 1; i >= 0; i-- {
+		if h := &r.runs[i]; h.JobID == id && h.Proc == proc && h.Delivery == delivery && h.AckAt == 0 {
+			h.AckAt = at.UnixNano()
+			return
+		}
+	}
+}
+
+// runsBy returns the handler runs of worker process proc so far.
+func (r *recorder) runsBy(proc int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.procs[proc]
+}
+
 // admitted records an admission of n units for tenant, made at an instant
 // between before and after, with identity id ("" for none).
 func (r *recorder) admitted(tenant, id string, n int, before, after time.Time) {
@@ -227,9 +265,15 @@ func (r *recorder) hold(tenant string, seq uint64, at time.Time) {
 
 // fault records a fault of kind injected at at, for the plot.
 func (r *recorder) fault(kind string, at time.Time) {
+	r.addFault(faultMark{Kind: kind, At: at.Sub(r.start)})
+}
+
+// addFault records a fault, with its instants as offsets from the start,
+// for the summary, the report and the plot.
+func (r *recorder) addFault(m faultMark) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.faults = append(r.faults, faultMark{Kind: kind, At: at.Sub(r.start)})
+	r.faults = append(r.faults, m)
 }
 
 // term records a terminated message: it is lost to the consumer.
@@ -311,7 +355,8 @@ type tenantReport struct {
 	MaxInWindow int    // most units admitted in any window of Rate.Per
 	Bound       int    // the most the limiter may admit in such a window: the limit of a window, burst + refill for a bucket
 	BoundText   string // how Bound is made up, e.g. "limit 20" or "bound 40 = burst 20 + refill 20"
-	Twice       int    // jobs handled more than once
+	Twice       int    // jobs handled more than once, not all of it explained by the faults (see explainDuplicates)
+	Explained   int    // jobs handled more than once, every extra run explained by a fault
 	MustWait    int    // jobs that cannot start on arrival (see mustWait): the fewest NAKs possible
 	// WaitP50 and WaitP99 are percentiles of the time from a job's
 	// arrival to its handler's (first) start.
@@ -333,7 +378,9 @@ type report struct {
 	Jobs       int                 // jobs in the file
 	Tenants    []tenantReport      // sorted by tenant
 	Missing    []string            // job ids never handled
-	Duplicates map[string][]string // job id -> message of each run (see handled.Ref), for ids run more than once
+	Duplicates map[string][]string // job id -> message of each run (see handled.Ref), for ids run more than once not explained by the faults
+	Explained  map[string][]string // the same for ids run more than once, every extra run explained by a fault
+	Faults     []faultMark         // the faults injected, in order
 	Elapsed    time.Duration
 
 	// Span is from the first job's arrival to the last handler start;
@@ -360,14 +407,20 @@ type report struct {
 }
 
 // ExactlyOnce reports whether every job was handled exactly one time.
-func (r report) ExactlyOnce() bool { return len(r.Missing) == 0 && len(r.Duplicates) == 0 }
+func (r report) ExactlyOnce() bool {
+	return len(r.Missing) == 0 && len(r.Duplicates) == 0 && len(r.Explained) == 0
+}
 
-// OK reports whether the run passes every check: every job handled exactly
-// once, no tenant over its limiter's bound nor (with -inflight) with more
-// handlers at once than the in-flight limit, on each consumer, and no
-// asynq task archived.
+// NoneLost reports whether every job was handled, and more than once only
+// where the faults explain it (see explainDuplicates).
+func (r report) NoneLost() bool { return len(r.Missing) == 0 && len(r.Duplicates) == 0 }
+
+// OK reports whether the run passes every check: every job handled, and
+// more than once only where a fault explains it, no tenant over its
+// limiter's bound nor (with -inflight) with more handlers at once than
+// the in-flight limit, on each consumer, and no asynq task archived.
 func (r report) OK() bool {
-	if !r.ExactlyOnce() || !r.WithinLimits() || !r.WithinInFlight() || r.Archived != 0 {
+	if !r.NoneLost() || !r.WithinLimits() || !r.WithinInFlight() || r.Archived != 0 {
 		return false
 	}
 	return r.Asynq == nil || r.Asynq.OK()
@@ -403,19 +456,24 @@ func (r report) WithinInFlight() bool {
 func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec limiterSpec) report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rep := report{Consumer: r.consumer, Jobs: len(jobs), Duplicates: map[string][]string{}, Elapsed: time.Since(r.start)}
+	rep := report{Consumer: r.consumer, Jobs: len(jobs), Duplicates: map[string][]string{}, Explained: map[string][]string{},
+		Faults: append([]faultMark(nil), r.faults...), Elapsed: time.Since(r.start)}
 	for _, j := range jobs {
 		if r.byID[j.ID] == 0 {
 			rep.Missing = append(rep.Missing, j.ID)
 		}
 		r.tenant(j.Tenant)
 	}
+	dups := explainDuplicates(r.runs, r.faults, r.start, r.consumer, r.horizon)
 	for _, h := range r.runs {
-		if r.byID[h.JobID] > 1 {
+		switch d, ok := dups[h.JobID]; {
+		case ok && d.unexplained > 0:
 			rep.Duplicates[h.JobID] = append(rep.Duplicates[h.JobID], h.Ref)
+		case ok:
+			rep.Explained[h.JobID] = append(rep.Explained[h.JobID], h.Ref)
 		}
 	}
-	waits, twice, runs := map[string][]time.Duration{}, map[string]int{}, map[string][]handled{}
+	waits, twice, explained, runs := map[string][]time.Duration{}, map[string]int{}, map[string]int{}, map[string][]handled{}
 	first, last := time.Time{}, time.Time{}
 	for _, t := range r.arrived {
 		if first.IsZero() || t.Before(first) {
@@ -434,8 +492,11 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 		if arr, ok := r.arrived[h.JobID]; ok {
 			waits[h.Tenant] = append(waits[h.Tenant], max(at.Sub(arr), 0))
 		}
-		if r.byID[h.JobID] > 1 {
+		switch d, ok := dups[h.JobID]; {
+		case ok && d.unexplained > 0:
 			twice[h.Tenant]++
+		case ok:
+			explained[h.Tenant]++
 		}
 	}
 	if !first.IsZero() && last.After(first) {
@@ -453,6 +514,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 			Bound:       bound,
 			BoundText:   text,
 			Twice:       twice[name],
+			Explained:   explained[name],
 			MustWait:    waiting[name],
 			WaitP50:     percentile(waits[name], 0.50),
 			WaitP99:     percentile(waits[name], 0.99),
@@ -478,6 +540,13 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 // print writes the per-tenant summary of each consumer and, last, the
 // exactly-once verdict.
 func (rep report) print(w io.Writer) {
+	if len(rep.Faults) > 0 {
+		parts := make([]string, len(rep.Faults))
+		for i, f := range rep.Faults {
+			parts[i] = fmt.Sprintf("%s at t=%.1fs (recovered t=%.1fs)", f.Kind, f.At.Seconds(), f.Until.Seconds())
+		}
+		fmt.Fprintln(w, "faults injected: "+strings.Join(parts, ", "))
+	}
 	if rep.Asynq == nil {
 		rep.printTable(w, "")
 	} else {
@@ -543,11 +612,20 @@ func (rep report) printTable(w io.Writer, heading string) {
 		fmt.Fprintf(w, "(a hybrid's bound counts the refill over the window plus the %v a leased token may be held)\n", hybridHold)
 	}
 	if rep.Instances > 0 {
-		parts := make([]string, rep.Instances)
+		// #1..#Instances, and the replacements of killed ones after them.
+		n := rep.Instances
+		for p := range rep.Processes {
+			n = max(n, p)
+		}
+		parts := make([]string, n)
 		for i := range parts {
 			parts[i] = fmt.Sprintf("#%d %d", i+1, rep.Processes[i+1])
 		}
 		fmt.Fprintf(w, "jobs handled per worker process: %s\n", strings.Join(parts, ", "))
+	}
+	if len(rep.Explained) > 0 {
+		fmt.Fprintf(w, "handled again after a fault (explained: the broker delivered again a message whose ack the fault lost; handlers must be idempotent for this): %s\n",
+			rep.runsText(rep.Explained))
 	}
 	if c == consumerAsynq {
 		archived := strconv.Itoa(rep.Archived)
@@ -566,8 +644,12 @@ func (rep report) verdict() string {
 		if rep.Instances > 0 {
 			by = fmt.Sprintf(" across %d worker processes", rep.Instances)
 		}
-		if rep.ExactlyOnce() {
+		switch {
+		case rep.ExactlyOnce():
 			return fmt.Sprintf("OK: all %d jobs handled exactly once%s in %.1fs", rep.Jobs, by, rep.Elapsed.Seconds())
+		case rep.NoneLost():
+			return fmt.Sprintf("OK: all %d jobs handled%s in %.1fs, none lost; %s handled again after a fault that lost its ack (explained), none otherwise",
+				rep.Jobs, by, rep.Elapsed.Seconds(), plural(len(rep.Explained), "job"))
 		}
 		return "FAIL: not every job handled exactly once: " + rep.failures()
 	}
@@ -575,6 +657,10 @@ func (rep report) verdict() string {
 	elapsed := max(rep.Elapsed, a.Elapsed)
 	if rep.ExactlyOnce() && a.ExactlyOnce() && a.Archived == 0 {
 		return fmt.Sprintf("OK: all %d jobs handled exactly once on NATS and on asynq, 0 archived, in %.1fs", rep.Jobs, elapsed.Seconds())
+	}
+	if rep.NoneLost() && a.NoneLost() && a.Archived == 0 {
+		return fmt.Sprintf("OK: all %d jobs handled on NATS and on asynq, none lost, 0 archived, in %.1fs; handled again after a fault that lost its ack (explained), none otherwise: %d on NATS, %d on asynq",
+			rep.Jobs, elapsed.Seconds(), len(rep.Explained), len(a.Explained))
 	}
 	archived := strconv.Itoa(a.Archived)
 	if a.Archived < 0 {
@@ -592,14 +678,23 @@ func (rep report) failures() string {
 	}
 	fmt.Fprintf(&b, ", %d handled more than once", len(rep.Duplicates))
 	if len(rep.Duplicates) > 0 {
-		ids := make([]string, 0, len(rep.Duplicates))
-		for id, refs := range rep.Duplicates {
-			ids = append(ids, fmt.Sprintf("%s x%d %s [%s]", id, len(refs), rep.Consumer.ref(), strings.Join(refs, " ")))
-		}
-		sort.Strings(ids)
-		b.WriteString(" (" + sample(ids) + ")")
+		b.WriteString(" (" + rep.runsText(rep.Duplicates) + ")")
+	}
+	if len(rep.Explained) > 0 {
+		fmt.Fprintf(&b, ", %d more handled again after a fault (explained)", len(rep.Explained))
 	}
 	return b.String()
+}
+
+// runsText lists a sample of the jobs of dups with their runs, as
+// "acme-012 x2 at stream seq [14 14]".
+func (rep report) runsText(dups map[string][]string) string {
+	ids := make([]string, 0, len(dups))
+	for id, refs := range dups {
+		ids = append(ids, fmt.Sprintf("%s x%d %s [%s]", id, len(refs), rep.Consumer.ref(), strings.Join(refs, " ")))
+	}
+	sort.Strings(ids)
+	return sample(ids)
 }
 
 // sample joins up to 5 items, with "..." when there are more.

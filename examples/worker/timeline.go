@@ -30,11 +30,16 @@ type tenantTimeline struct {
 	Holds  []time.Duration // first InProgress of each held message
 }
 
-// faultMark is a fault injected into a run: its kind (e.g. "redis-down")
-// and when.
+// faultMark is a fault injected into a run: its kind (e.g. "kill-redis"),
+// when it was injected and when the run had recovered from it (offsets
+// from the start), the worker process it killed (kill-worker), and what
+// was done, for the summary.
 type faultMark struct {
-	Kind string        `json:"kind"`
-	At   time.Duration `json:"at"`
+	Kind   string
+	At     time.Duration
+	Until  time.Duration
+	Proc   int
+	Detail string
 }
 
 // timeline returns the run recorded so far, with the limits of rateOf and

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,7 +21,6 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	natsthrottle "github.com/queuethrottle/queuethrottle/consumers/nats"
-	"github.com/queuethrottle/queuethrottle/internal/natsserver"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -35,10 +33,10 @@ const (
 	scopeName     = "github.com/queuethrottle/queuethrottle/examples/worker"
 )
 
-// consumerConfig is the durable pull consumer of the worker. The same
-// config goes to natsthrottle (WithConsumerConfig), so the throttle knows
-// MaxDeliver and AckWait: it never NAKs a message into its last delivery
-// but holds it instead.
+// consumerConfig is the durable pull consumer of the worker (with -faults,
+// MaxDeliver is faultMaxDeliver). natsthrottle reads its config
+// (WithConsumer), so the throttle knows MaxDeliver and AckWait: it never
+// NAKs a message into its last delivery but holds it instead.
 func consumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:    durableName,
@@ -98,11 +96,26 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if cfg.InFlight < 0 {
 		return report{}, fmt.Errorf("-inflight: must be >= 0, got %d", cfg.InFlight)
 	}
-	switch {
-	case cfg.Instances > 1:
-		return workInstances(ctx, cfg, stdout, jf, rateOf, defRate, spec)
-	case cfg.Instances < 1:
+	if cfg.Instances < 1 {
 		return report{}, fmt.Errorf("-instances: must be >= 1, got %d", cfg.Instances)
+	}
+	fs := faultSetup{}
+	if fs.kinds, err = parseFaults(cfg.Faults); err != nil {
+		return report{}, err
+	}
+	if err := checkFaults(fs.kinds, cfg); err != nil {
+		return report{}, err
+	}
+	if cfg.RedisURL == redisLocal {
+		if fs.redis, err = startLocalRedis(); err != nil {
+			return report{}, err
+		}
+		defer fs.redis.stop() // after everything that uses it
+		cfg.RedisURL = fs.redis.url()
+		fmt.Fprintln(out, fs.redis.describe())
+	}
+	if cfg.Instances > 1 {
+		return workInstances(ctx, cfg, stdout, jf, rateOf, defRate, spec, fs)
 	}
 
 	var cl closers
@@ -141,6 +154,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// limit while the admissions respect it.
 	lim.admitted = rec.admitted
 	rec.rateOf = rateOf
+	rec.horizon = cfg.Reservations
 
 	// With -redis, an asynq server on the same Redis gets the same jobs,
 	// gated by a limiter of its own (keys under a prefix of their own).
@@ -153,6 +167,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		arec := newRecorder(start, len(jf.Jobs))
 		arec.consumer = consumerAsynq
 		arec.rateOf = rateOf
+		arec.horizon = cfg.Reservations
 		ainf, err := newInFlight(cfg.InFlight, rc, prefix+"asynq:inflight:")
 		if err != nil {
 			return report{}, err
@@ -190,7 +205,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// Publish the jobs at their arrival offsets, and wait.
 	var complete <-chan struct{} = rec.complete
 	progress := rec.progressLine
-	var enqueue func(context.Context, job) error
+	var enqueue func(context.Context, job, bool) error
 	if as != nil {
 		complete = allClosed(rec.complete, as.rec.complete)
 		progress = func() string { return rec.progressLine() + "\n" + as.rec.progressLine() }
@@ -200,9 +215,23 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	defer pcancel()
 	pubDone := make(chan error, 1)
 	go func() {
-		pubDone <- publish(pctx, js, tracer, propagation.TraceContext{}, jf.Jobs, start, rec, enqueue)
+		pubDone <- publish(pctx, js, tracer, propagation.TraceContext{}, jf.Jobs, start, rec, enqueue, out)
 	}()
-	stopReason, pubErr, pubReturned := wait(ctx, cfg, complete, progress, pubDone, nil, out)
+	var abort <-chan error
+	stopFaults := func() {}
+	if len(fs.kinds) > 0 {
+		fi := startFaults(ctx, fs.kinds, faultTargets{redis: fs.redis, nats: ns.server}, start, jf.span(), func(m faultMark) {
+			rec.addFault(m)
+			if as != nil {
+				as.rec.addFault(m)
+			}
+		}, out)
+		stopFaults = fi.stop
+		defer fi.stop()
+		complete, abort = allClosed(complete, fi.settled), fi.errs
+	}
+	stopReason, pubErr, pubReturned := wait(ctx, cfg, complete, progress, pubDone, abort, out)
+	stopFaults() // a fault under way recovers first
 	pcancel()
 	if !pubReturned {
 		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {
@@ -261,26 +290,45 @@ func limitsText(jf jobsFile, defRate throttle.Rate) string {
 
 // natsRun is the NATS side of a run: the connection (and the server's
 // name for the header), the stream and durable consumer, and the recorder
-// that counts from start.
+// that counts from start; server is the embedded server (nil with -nats).
 type natsRun struct {
-	nc    *nats.Conn
-	name  string
-	js    jetstream.JetStream
-	cons  jetstream.Consumer
-	start time.Time
-	rec   *recorder
+	server *embeddedNATS
+	nc     *nats.Conn
+	name   string
+	js     jetstream.JetStream
+	cons   jetstream.Consumer
+	start  time.Time
+	rec    *recorder
 }
 
 // openNATS connects, sets up the stream and consumer, starts the recorder
 // for jobs jobs, and watches for messages the server stops delivering
 // (MaxDeliver reached): they are lost to this consumer, so they are
 // counted and no longer waited for.
+//
+// Without -nats, it starts an embedded server with JetStream whose store
+// is in a new temporary directory; cl shuts it down and removes the
+// directory after the connection is drained.
 func openNATS(ctx context.Context, cfg config, jobs int, cl *closers) (natsRun, error) {
-	nc, name, err := connect(cfg.NATSURL, cl)
+	url, name := cfg.NATSURL, "external"
+	var srv *embeddedNATS
+	if url == "" {
+		var err error
+		if srv, err = startEmbeddedNATS(); err != nil {
+			return natsRun{}, err
+		}
+		cl.add(srv.close)
+		url, name = srv.url(), "embedded"
+	}
+	nc, err := connect(url, cl)
 	if err != nil {
 		return natsRun{}, err
 	}
-	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", cl)
+	cc := consumerConfig()
+	if cfg.Faults != "" {
+		cc.MaxDeliver = faultMaxDeliver
+	}
+	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", cc, cl)
 	if err != nil {
 		return natsRun{}, err
 	}
@@ -289,7 +337,7 @@ func openNATS(ctx context.Context, cfg config, jobs int, cl *closers) (natsRun, 
 	if err := watchMaxDeliveries(nc, rec, cl); err != nil {
 		return natsRun{}, err
 	}
-	return natsRun{nc: nc, name: name, js: js, cons: cons, start: start, rec: rec}, nil
+	return natsRun{server: srv, nc: nc, name: name, js: js, cons: cons, start: start, rec: rec}, nil
 }
 
 // watchMaxDeliveries counts, in rec, the messages the server gives up on
@@ -318,7 +366,7 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlight
 	throttled, err := natsthrottle.New(w.handle, gate,
 		natsthrottle.WithKeyFunc(func(m jetstream.Msg) (string, error) { return tenantOf(m.Subject()) }),
 		natsthrottle.WithCostFunc(jobCost),
-		natsthrottle.WithConsumerConfig(consumerConfig()),
+		natsthrottle.WithConsumer(cons), // MaxDeliver and AckWait, as created
 		// Decisions are Redis round trips with -redis: 16 at once keep up
 		// with a burst of thousands, so the slots of messages that come
 		// back meanwhile are claimed on time.
@@ -333,6 +381,7 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlight
 		return nil, err
 	}
 	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
+		w.receivedNow(m)
 		tenant, _ := tenantOf(m.Subject())
 		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved})
 	})
@@ -349,6 +398,25 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlight
 		defer cancel()
 		throttled.Close(cctx)
 	}), nil
+}
+
+// faultSetup is what the faults of a run need from its start: the kinds
+// of -faults and the redis-server of -redis local (nil without).
+type faultSetup struct {
+	kinds []string
+	redis *localRedis
+}
+
+// firstErr returns a channel that gets the first error sent on any of
+// errs (nil channels are ignored).
+func firstErr(errs ...<-chan error) <-chan error {
+	out := make(chan error, len(errs))
+	for _, c := range errs {
+		if c != nil {
+			go func() { out <- <-c }()
+		}
+	}
+	return out
 }
 
 // allClosed returns a channel closed once every one of chans is closed.
@@ -476,33 +544,16 @@ func newLimiter(spec limiterSpec, rc *redis.Client, prefix string, tenants []str
 	return lim, spec.describe(addr), nil
 }
 
-// connect connects to the NATS server at url or, if url is empty, to an
-// embedded server with JetStream whose store is in a new temporary
-// directory. cl drains the connection, then shuts the server down and
-// removes the directory.
-func connect(url string, cl *closers) (*nats.Conn, string, error) {
-	name := "external"
-	if url == "" {
-		dir, err := os.MkdirTemp("", "queuethrottle-worker-")
-		if err != nil {
-			return nil, "", err
-		}
-		cl.add(func() { os.RemoveAll(dir) })
-		srv, err := natsserver.Start(dir)
-		if err != nil {
-			return nil, "", err
-		}
-		cl.add(func() {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		})
-		url, name = srv.ClientURL(), "embedded"
-	}
+// connect connects to the NATS server at url; cl drains the connection.
+// The connection reconnects without end, a tenth of a second apart, so a
+// restarted server (restart-nats) is found again at once.
+func connect(url string, cl *closers) (*nats.Conn, error) {
 	closed := make(chan struct{})
 	nc, err := nats.Connect(url, nats.Name("queuethrottle example worker"),
+		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
 	if err != nil {
-		return nil, "", fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
 	cl.add(func() {
 		if err := nc.Drain(); err != nil {
@@ -514,13 +565,14 @@ func connect(url string, cl *closers) (*nats.Conn, string, error) {
 			nc.Close()
 		}
 	})
-	return nc, name, nil
+	return nc, nil
 }
 
-// setUpStream creates the jobs stream and the worker's durable consumer.
+// setUpStream creates the jobs stream and the worker's durable consumer
+// with config cc.
 // On an external server, a stream left by an earlier run is deleted first,
 // and the stream is deleted again by cl.
-func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cl *closers) (jetstream.JetStream, jetstream.Consumer, error) {
+func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cc jetstream.ConsumerConfig, cl *closers) (jetstream.JetStream, jetstream.Consumer, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, nil, err
@@ -547,7 +599,7 @@ func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cl *closers)
 			js.DeleteStream(ctx, streamName)
 		})
 	}
-	cons, err := stream.CreateOrUpdateConsumer(ctx, consumerConfig())
+	cons, err := stream.CreateOrUpdateConsumer(ctx, cc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("create consumer %s: %w", durableName, err)
 	}
@@ -565,10 +617,33 @@ type worker struct {
 	work     time.Duration // -work: how long every handler takes
 
 	handlerErrs, throttleErrs errorLog
+
+	received sync.Map // deliveryKey -> time.Time: when the delivery reached the worker
 }
 
+// deliveryKey names one delivery of a message: "SEQ:NUMDELIVERED".
+func deliveryKey(m jetstream.Msg) (string, bool) {
+	md, err := m.Metadata()
+	if err != nil {
+		return "", false
+	}
+	return strconv.FormatUint(md.Sequence.Stream, 10) + ":" + strconv.FormatUint(md.NumDelivered, 10), true
+}
+
+// receivedNow notes when the delivery m reached the worker, for its run's
+// record (handled.Received).
+func (w *worker) receivedNow(m jetstream.Msg) {
+	if k, ok := deliveryKey(m); ok {
+		w.received.Store(k, time.Now())
+	}
+}
+
+// ackTimeout bounds the wait for the server's confirmation of an ack.
+const ackTimeout = 5 * time.Second
+
 // handle works on the job for -work, records it (start and end of the
-// work) and acks it, waiting for the server's confirmation.
+// work) and acks it, waiting for the server's confirmation, which it
+// records too.
 func (w *worker) handle(m jetstream.Msg) {
 	var j job
 	if err := json.Unmarshal(m.Data(), &j); err != nil {
@@ -576,23 +651,34 @@ func (w *worker) handle(m jetstream.Msg) {
 		m.Term()
 		return
 	}
-	var seq uint64
+	var seq, delivery uint64
 	if md, err := m.Metadata(); err == nil {
-		seq = md.Sequence.Stream
+		seq, delivery = md.Sequence.Stream, md.NumDelivered
 	}
 	// The job's span is a child of the throttle's process span.
 	ctx, span := w.tracer.Start(natsthrottle.ContextFromMsg(m), "handle "+j.ID)
 	defer span.End()
 	start := time.Now()
+	received := start
+	if k, ok := deliveryKey(m); ok {
+		if t, ok := w.received.LoadAndDelete(k); ok {
+			received = t.(time.Time)
+		}
+	}
 	if w.work > 0 {
 		time.Sleep(w.work)
 	}
-	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc, At: start.UnixNano(), End: time.Now().UnixNano()})
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc, At: start.UnixNano(), End: time.Now().UnixNano(),
+		Delivery: delivery, Received: received.UnixNano()})
+	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
 	defer cancel()
 	if err := m.DoubleAck(ctx); err != nil {
 		w.handlerErrs.add("ack "+j.ID, err)
+		return
 	}
+	// A duplicate run is put down to a fault only if the ack of the run
+	// before it was never confirmed (see explainDuplicates).
+	w.rec.acked(j.ID, w.proc, delivery, time.Now())
 }
 
 // jobCost is the cost the throttle charges for a message: the job's cost.
@@ -606,10 +692,14 @@ func jobCost(m jetstream.Msg) (int, error) {
 
 // publish sends each job to jobs.<tenant> at start + its arrival offset,
 // with the job id as Nats-Msg-Id so a resend is deduplicated, and the trace
-// context of a producer span in the headers.
+// context of a producer span in the headers. A failed publish is retried
+// (see retry) until it succeeds or ctx is done, and so is enqueue; each
+// job that needed retries gets a line on out.
 //
-// With enqueue, each job is also handed to it right after it is published.
-func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job) error) error {
+// With enqueue, each job is also handed to it right after it is
+// published; enqueue's second argument reports whether an earlier
+// attempt failed (the task may be there already).
+func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job, bool) error, out io.Writer) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
@@ -632,23 +722,48 @@ func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, p
 		msg.Data = data
 		msg.Header.Set(jetstream.MsgIDHeader, j.ID)
 		prop.Inject(sctx, natsthrottle.HeaderCarrier(msg.Header))
-		pctx, cancel := context.WithTimeout(sctx, 5*time.Second)
-		ack, err := js.PublishMsg(pctx, msg)
-		cancel()
+		failures, err := retry(ctx, func(ctx context.Context, n int) error {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			ack, err := js.PublishMsg(pctx, msg)
+			if err != nil {
+				return err
+			}
+			// A duplicate after a failed attempt is that attempt's copy:
+			// the stream is new, so nothing else has this id.
+			if !ack.Duplicate || n > 1 {
+				rec.published(j.Tenant, j.ID, ack.Sequence)
+			}
+			return nil
+		}, retryLine(out, "publish job "+j.ID))
 		span.End()
 		if err != nil {
 			return fmt.Errorf("job %s: %w", j.ID, err)
 		}
-		if !ack.Duplicate {
-			rec.published(j.Tenant, j.ID, ack.Sequence)
+		if failures > 0 {
+			fmt.Fprintf(out, "published job %s after %s\n", j.ID, plural(failures, "failed attempt"))
 		}
 		if enqueue != nil {
-			if err := enqueue(ctx, j); err != nil {
-				return err
+			failures, err := retry(ctx, func(ctx context.Context, n int) error { return enqueue(ctx, j, n > 1) }, retryLine(out, "enqueue job "+j.ID))
+			if err != nil {
+				return fmt.Errorf("enqueue job %s: %w", j.ID, err)
+			}
+			if failures > 0 {
+				fmt.Fprintf(out, "enqueued job %s after %s\n", j.ID, plural(failures, "failed attempt"))
 			}
 		}
 	}
 	return nil
+}
+
+// retryLine returns a function for retry's failures that prints the first
+// one of what to out.
+func retryLine(out io.Writer, what string) func(int, error) {
+	return func(n int, err error) {
+		if n == 1 {
+			fmt.Fprintf(out, "%s: %v; retrying\n", what, err)
+		}
+	}
 }
 
 // observedMsg counts, per tenant, the NAKs and Terms the throttle sends and
