@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -18,7 +19,7 @@ import (
 // takes nothing: the key's bucket is read, refilled to now, and left as it
 // was (a key without state reads full and stays without state). A debt of
 // reservations counts, as in AllowN. Errors are those of AllowN. ctx is
-// unused.
+// unused. While key is paused, Peek says so, as AllowN would.
 func (l *Local) Peek(_ context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
@@ -39,6 +40,9 @@ func (l *Local) Peek(_ context.Context, key string, n int) (throttle.Decision, e
 		}
 		st.mu.Unlock()
 	}
+	if left := l.pauses.Left(key, now); left > 0 {
+		return pause.Decision(p.decision(false, n, credit, lim.limit, throttle.SourceLocal), micros(left)), nil
+	}
 	need := int64(n) * p.perUS
 	if credit >= need {
 		return p.decision(true, n, credit-need, lim.limit, throttle.SourceLocal), nil
@@ -46,10 +50,11 @@ func (l *Local) Peek(_ context.Context, key string, n int) (throttle.Decision, e
 	return p.decision(false, n, credit, lim.limit, throttle.SourceLocal), nil
 }
 
-// Reset forgets key: its bucket is full again and its ids (AllowID's
-// admissions and reservations) are forgotten. Resetting an unknown key is
+// Reset forgets key: its bucket is full again, its ids (AllowID's
+// admissions and reservations) are forgotten and a pause ends. Resetting an unknown key is
 // not an error; Reset never fails. ctx is unused.
 func (l *Local) Reset(_ context.Context, key string) error {
+	l.pauses.Clear(key)
 	s := &l.shards[l.shardOf(key)]
 	s.mu.Lock()
 	s.lru.Remove(key) // calls evicted: a decision holding it looks again
@@ -81,25 +86,29 @@ func (l *Redis) Peek(ctx context.Context, key string, n int) (throttle.Decision,
 	if n < 1 || n > p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, p.burst)
 	}
-	credit, err := l.peek(ctx, key, lim)
+	credit, paused, err := l.peek(ctx, key, lim)
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	need := int64(n) * p.perUS
-	if credit >= need {
+	if paused > 0 {
+		return pause.Decision(p.decision(false, n, credit, lim.limit, throttle.SourceRedis), micros(paused)), nil
+	}
+	if need := int64(n) * p.perUS; credit >= need {
 		return p.decision(true, n, credit-need, lim.limit, throttle.SourceRedis), nil
 	}
 	return p.decision(false, n, credit, lim.limit, throttle.SourceRedis), nil
 }
 
-// peek runs peek.lua under lim: the credit of key's bucket now.
-func (l *Redis) peek(ctx context.Context, key string, lim *keyLimits) (int64, error) {
+// peek runs peek.lua under lim: the credit of key's bucket now, and the
+// µs left of its pause (0: not paused).
+func (l *Redis) peek(ctx context.Context, key string, lim *keyLimits) (int64, int64, error) {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	if err := l.ready(ctx); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	keys := []string{rediskey.Key(l.prefix, key)}
+	k := rediskey.Key(l.prefix, key)
+	keys := []string{k, k + pause.Suffix}
 	var cmd *redis.Cmd
 	if l.clock == nil {
 		cmd = peekScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap)
@@ -107,25 +116,26 @@ func (l *Redis) peek(ctx context.Context, key string, lim *keyLimits) (int64, er
 		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
 		cmd = peekScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, now)
 	}
-	credit, err := cmd.Int64()
+	v, err := cmd.Int64Slice()
 	if err != nil {
-		return 0, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
+		return 0, 0, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
-	if credit < -lim.p.maxDebt || credit > lim.p.cap {
-		return 0, fmt.Errorf("%w: %v", errReply, credit)
+	if len(v) != 2 || v[0] < -lim.p.maxDebt || v[0] > lim.p.cap || v[1] < 0 {
+		return 0, 0, fmt.Errorf("%w: %v", errReply, v)
 	}
-	return credit, nil
+	return v[0], v[1], nil
 }
 
-// Reset deletes key's bucket hash and its ids set: the key is full again,
-// with no id remembered, in every process that shares the Redis.
+// Reset deletes key's bucket hash, its ids set and its pause: the key is
+// full again, with no id remembered and not paused, in every process that
+// shares the Redis.
 // Resetting an unknown key is not an error. Errors are Redis or context
 // errors (bounded by WithTimeout), wrapped as "bucket: redis: ...".
 func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := rediskey.Key(l.prefix, key)
-	if err := resetScript.Run(ctx, l.client, []string{k, k + idsSuffix}).Err(); err != nil {
+	if err := resetScript.Run(ctx, l.client, []string{k, k + idsSuffix, k + pause.Suffix}).Err(); err != nil {
 		return fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	return nil

@@ -12,6 +12,8 @@
 --          since the Unix epoch at which credit was measured, per = the
 --          period credit is counted in (ARGV[1] when written). A missing
 --          key is a full bucket.
+-- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which
+--          every take is refused; missing when not paused.
 -- ARGV[1]  per: credit per token = the refill period in µs (integer).
 -- ARGV[2]  count: credit added per µs = tokens per period (integer).
 -- ARGV[3]  cap: credit of a full bucket = burst * per.
@@ -36,7 +38,9 @@
 -- Returns two integers per request, in order: granted = whole tokens
 -- taken (0 or min..max); credit = what is left after taking, or what is
 -- there when nothing was taken. The caller derives remaining tokens and
--- waits from credit with integer arithmetic.
+-- waits from credit with integer arithmetic. While the key is paused,
+-- every request gets {-left, credit}, left = the µs until the pause ends
+-- (>= 1), and nothing is written.
 
 local key = KEYS[1]
 local per = tonumber(ARGV[1])
@@ -80,6 +84,17 @@ if credit > cap then
 end
 
 local out = {}
+
+-- Paused (Pause): take nothing, write nothing.
+local pausedUntil = tonumber(redis.call("GET", KEYS[2]))
+if pausedUntil and pausedUntil > now then
+	for i = 5, #ARGV, 2 do
+		out[#out + 1] = now - pausedUntil
+		out[#out + 1] = credit
+	end
+	return out
+end
+
 local taken = false
 for i = 5, #ARGV, 2 do
 	local want = tonumber(ARGV[i])

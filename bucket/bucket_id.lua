@@ -11,6 +11,8 @@
 --          Members "A:"..id (admitted, scored by the admission instant)
 --          and "R:"..id (reserved, scored by the slot), µs since the Unix
 --          epoch.
+-- KEYS[3]  the key's pause (see pause.Suffix): the instant, µs, until which
+--          every decision is a rejection; missing when not paused.
 -- ARGV[1]  per: credit per token = the refill period in µs (integer).
 -- ARGV[2]  count: credit added per µs = tokens per period (integer).
 -- ARGV[3]  cap: credit of a full bucket = burst * per.
@@ -44,7 +46,9 @@
 -- Returns {allowed (0|1), credit, wait_us, reserved (0|1)}: credit = what
 -- is left after the decision (or there, when nothing was taken; negative
 -- with a debt); wait_us = 0 when admitted, else the time to the slot
--- (reserved) or until the request would fit (not reserved).
+-- (reserved) or until the request would fit (not reserved). While the key
+-- is paused: {0, credit, left, 0, 1}, left = the µs until the pause ends,
+-- writing nothing (a paused key admits and reserves nothing).
 
 local key = KEYS[1]
 local ids = KEYS[2]
@@ -93,6 +97,12 @@ else
 end
 if credit > cap then
 	credit = cap
+end
+
+-- Paused (Pause): reject, write nothing.
+local pausedUntil = tonumber(redis.call("GET", KEYS[3]))
+if pausedUntil and pausedUntil > now then
+	return {0, credit, pausedUntil - now, 0, 1}
 end
 
 -- ceil(a / b) for integers 0 <= a <= 2^53, b >= 1 (the float quotient's

@@ -137,3 +137,38 @@ func TestHybridPeekReset(t *testing.T) {
 		return settledHybrid{newTestHybrid(t, client, r, r.Count, WithClock(c)), t}
 	})
 }
+
+func TestLocalPause(t *testing.T) {
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		l, err := NewLocal(r, r.Count, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, nil
+	})
+}
+
+func TestRedisPause(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		prefix := freshPrefix()
+		var ls [2]throttle.Pauser
+		for i := range ls {
+			l, err := NewRedis(client, r, r.Count, WithClock(c), WithPrefix(prefix), WithTimeout(redistest.CallTimeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls[i] = l
+		}
+		return ls[0], ls[1]
+	})
+}
+
+func TestHybridPause(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		prefix := freshPrefix()
+		return newTestHybrid(t, client, r, r.Count, WithClock(c), WithPrefix(prefix)),
+			newTestHybrid(t, client, r, r.Count, WithClock(c), WithPrefix(prefix))
+	})
+}

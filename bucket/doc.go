@@ -112,6 +112,21 @@
 // another limit rejected. The Hybrid has no Refund: in a throttle.All it
 // may be the one part that cannot give back, which is asked last.
 //
+// # Pause
+//
+// Pause(ctx, key, d) on Local, Redis and Hybrid makes every decision for
+// key a rejection for d (throttle.Pauser): Remaining 0, a RetryAfter of at
+// least the time left of the pause (the refill's wait when longer),
+// nothing taken and nothing reserved; a longer pause extends, a shorter
+// one never shortens. Consumers call it, through throttle.Gate.Pause, when
+// a partner answers 429 (natsthrottle.Backoff, asynqthrottle.Backoff).
+// Redis keeps the pause in a string key beside the hash, prefix + "{" +
+// escaped key + "}:pause", holding the instant it ends; bucket.lua and
+// bucket_id.lua read it with one GET per script call, and it expires when the
+// pause ends. A Hybrid sees another process's pause at its next lease call
+// on the key, within 500 ms (see Hybrid). Pause refuses d <= 0 with an
+// error naming "d".
+//
 // # Errors
 //
 // Constructors return errors wrapping throttle.ErrInvalidOption that name
@@ -135,7 +150,8 @@
 //
 // Redis Cluster: NewRedis and NewHybrid take a redis.Scripter, which
 // *redis.Client, *redis.ClusterClient and *redis.Ring all satisfy. Each
-// script touches only the one key of one identity, so it runs on the
+// script touches only the keys of one identity (its hash, ids and pause,
+// all in one slot), so it runs on the
 // master of that key's slot and can never fail with CROSSSLOT. If a
 // master is down, only the keys in its slots fail: Redis.AllowN returns
 // an error for them and the throttle.Gate's failure policy decides; the

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -132,6 +133,21 @@ const (
 // broker with the RetryAfter and the consumer's jitter, instead of
 // reserving.
 //
+// Pauses. Pause records a pause in this process (kept apart from the
+// per-key state, so no eviction forgets it) and in Redis beside the key's
+// bucket, where every lease is refused until it ends. A Hybrid learns of a
+// pause made by another process from its next lease call on the key (the
+// refused lease carries the time left) and from then on rejects locally,
+// with that RetryAfter and no further call, returning its stock. Until
+// then it may still spend the stock it holds: tokens leased before the
+// pause, at most one lease (a quarter of the burst, or burst/(2 ×
+// instances) with WithLocalShare) and for at most 500 ms after their lease
+// (held tokens older than that go back to Redis and the next request
+// calls it). So a pause made elsewhere holds in every Hybrid at most 500 ms
+// plus one call timeout after it was recorded, and no Hybrid admits more
+// than its stock meanwhile. While Redis is unreachable, only the pauses
+// this process knows of hold.
+//
 // A Hybrid is safe for concurrent use. Its per-key state is bounded by
 // WithMaxKeys (default 10000) and kept in LRU caches (hashicorp/golang-lru's
 // simplelru). Close stops its background work and returns unused tokens;
@@ -156,6 +172,7 @@ type Hybrid struct {
 	seed   maphash.Seed
 	mask   uint64
 	shards []hybridShard
+	pauses pause.Set // Pause, and pauses learned from lease replies
 
 	closed   atomic.Bool
 	life     sync.RWMutex // orders wg.Add (under RLock) before Close's Wait
@@ -340,6 +357,9 @@ func (h *Hybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decisi
 	}
 	now := h.clock.Now()
 	s, e := h.lock(key, lim)
+	if left := h.pauses.Left(key, now.UnixMicro()); left > 0 {
+		return h.pausedDecision(ctx, s, e, now, n, left), nil
+	}
 	e.observe(now, n)
 	if !h.healthAt(e.slot).down.Load() {
 		if e.stock > 0 && e.oldest(now) {
@@ -494,8 +514,11 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 				return h.fallback(ctx, e.key, n, c.err)
 			}
 			s, e = h.relock(e)
+			now := h.clock.Now()
+			if left := h.pauses.Left(e.key, now.UnixMicro()); left > 0 {
+				return h.pausedDecision(ctx, s, e, now, n, left), nil
+			}
 			if !h.healthAt(e.slot).down.Load() {
-				now := h.clock.Now()
 				if e.stock >= n {
 					e.take(n)
 					return h.redisDecision(ctx, s, e, now, n, true, 0), nil
@@ -539,6 +562,9 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 			continue
 		}
 		h.applyGrant(e, now, g)
+		if g.paused > 0 {
+			return pause.Decision(h.redisDecision(ctx, s, e, now, n, false, g.retryAfter), g.paused), nil
+		}
 		if e.stock >= n {
 			e.take(n)
 			return h.redisDecision(ctx, s, e, now, n, true, 0), nil

@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -19,8 +20,9 @@ import (
 // and a key without local state gets none. While Redis is down it answers
 // as the degraded mode would (WithLocalShare's bucket, peeked), or returns
 // the error. Other processes may take tokens between a Peek and the next
-// decision, as with any limiter shared by several. Errors are those of
-// AllowN.
+// decision, as with any limiter shared by several. While the key is
+// paused (here, or in Redis by another process), Peek says so, as AllowN
+// would. Errors are those of AllowN.
 func (h *Hybrid) Peek(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := h.redis.lims.of(key)
 	if err != nil {
@@ -51,6 +53,9 @@ func (h *Hybrid) Peek(ctx context.Context, key string, n int) (throttle.Decision
 	e.call = nil
 	slot := e.slot
 	s.mu.Unlock()
+	if left := h.pauses.Left(key, now.UnixMicro()); left > 0 { // as AllowN
+		return pause.Decision(h.decision(&e, now, n, false, 0), micros(left)), nil
+	}
 	e.observe(now, n)
 	if !h.healthAt(slot).down.Load() {
 		if e.stock > 0 && e.oldest(now) {
@@ -64,9 +69,15 @@ func (h *Hybrid) Peek(ctx context.Context, key string, n int) (throttle.Decision
 			return h.decision(&e, now, n, false, wait), nil
 		}
 	}
-	credit, err := h.peekRedis(ctx, key, lim)
+	credit, paused, err := h.peekRedis(ctx, key, lim)
 	if err != nil {
-		return h.peekFallback(ctx, key, n, err)
+		d, err := h.peekFallback(ctx, key, n, err)
+		return d, err
+	}
+	if paused > 0 { // as AllowN once its lease learns of the pause
+		d := pause.Decision(h.decision(&e, now, n, false, 0), micros(paused))
+		d.Source = throttle.SourceRedis
+		return d, nil
 	}
 	// As a lease of at least need = n - stock would.
 	p := &lim.p
@@ -89,7 +100,7 @@ func (h *Hybrid) Peek(ctx context.Context, key string, n int) (throttle.Decision
 }
 
 // peekRedis reads key's Redis bucket under lim, bounded by the timeout.
-func (h *Hybrid) peekRedis(ctx context.Context, key string, lim *keyLimits) (int64, error) {
+func (h *Hybrid) peekRedis(ctx context.Context, key string, lim *keyLimits) (int64, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
 	return h.redis.peek(ctx, key, lim)
@@ -123,6 +134,7 @@ func (h *Hybrid) Reset(ctx context.Context, key string) error {
 	if h.closed.Load() {
 		return ErrHybridClosed
 	}
+	h.pauses.Clear(key)
 	if err := h.redis.Reset(ctx, key); err != nil {
 		return fmt.Errorf("bucket: hybrid: %w", err)
 	}

@@ -147,10 +147,13 @@ func (h *Hybrid) refresh(e *hybridKey, lim *keyLimits, c *leaseCall, want int) {
 	s.mu.Unlock()
 }
 
-// applyGrant records a lease reply.
+// applyGrant records a lease reply, and the pause it reports.
 func (h *Hybrid) applyGrant(e *hybridKey, now time.Time, g grant) {
 	e.add(g.granted, now)
 	e.redisTokens, e.redisAt = g.remaining, now
+	if g.paused > 0 {
+		h.notePause(e, now, g.paused)
+	}
 }
 
 // lease calls Redis' lease under lim through the breaker and records it.

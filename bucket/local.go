@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -58,6 +59,7 @@ type Local struct {
 	fnvSeed  uint64
 	mask     uint64
 	shards   []localShard
+	pauses   pause.Set // Pause
 }
 
 // localShard is a part of the keys. Its lock guards the LRU; each key's
@@ -170,7 +172,11 @@ func (l *Local) AllowN(_ context.Context, key string, n int) (throttle.Decision,
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
 	}
-	allowed, credit := l.take(key, n, &lim.p, l.now())
+	now := l.now()
+	if left := l.pauses.Left(key, now); left > 0 {
+		return l.paused(key, lim, n, now, left), nil
+	}
+	allowed, credit := l.take(key, n, &lim.p, now)
 	return lim.p.decision(allowed, n, credit, lim.limit, throttle.SourceLocal), nil
 }
 

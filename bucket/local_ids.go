@@ -49,6 +49,9 @@ func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon
 		return throttle.Decision{}, errHorizon(horizon)
 	}
 	now := l.now()
+	if left := l.pauses.Left(key, now); left > 0 {
+		return l.paused(key, lim, n, now, left), nil
+	}
 	st := l.locked(key, now, &lim.p)
 	d := decideID(st, lim, now, n, id, horizonMicros(horizon))
 	st.mu.Unlock()

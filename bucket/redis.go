@@ -12,6 +12,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
@@ -170,11 +171,15 @@ func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decisio
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
 	}
-	granted, credit, err := l.take(ctx, key, lim, n, n)
+	granted, credit, paused, err := l.take(ctx, key, lim, n, n)
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	return lim.p.decision(granted > 0, n, credit, lim.limit, throttle.SourceRedis), nil
+	d := lim.p.decision(granted > 0, n, credit, lim.limit, throttle.SourceRedis)
+	if paused > 0 {
+		d = pause.Decision(d, micros(paused))
+	}
+	return d, nil
 }
 
 // grant is the result of a lease call.
@@ -184,6 +189,7 @@ type grant struct {
 	remaining  float64       // tokens left in the Redis bucket after the call
 	retryAfter time.Duration // when granted < min: time until min tokens will be there (ms, rounded up, > 0); else 0
 	resetAfter time.Duration // time until the Redis bucket is full again (ms, rounded up)
+	paused     time.Duration // > 0: the key is paused for this long more (ms, rounded up), and nothing was granted
 }
 
 // lease atomically takes from key's Redis bucket as many whole tokens as
@@ -205,7 +211,7 @@ func (l *Redis) lease(ctx context.Context, key string, lim *keyLimits, min, max 
 		return grant{}, fmt.Errorf("%w: lease max=%d is below min=%d", throttle.ErrInvalidCost, max, min)
 	}
 	max = minInt(max, p.burst)
-	granted, credit, err := l.take(ctx, key, lim, min, max)
+	granted, credit, paused, err := l.take(ctx, key, lim, min, max)
 	if err != nil {
 		return grant{}, err
 	}
@@ -217,6 +223,11 @@ func (l *Redis) lease(ctx context.Context, key string, lim *keyLimits, min, max 
 	}
 	if granted == 0 {
 		g.retryAfter = maxDuration(micros(p.waitUS(int64(min)*p.perUS, credit)), time.Millisecond)
+	}
+	if paused > 0 {
+		g.paused = maxDuration(micros(paused), time.Millisecond)
+		g.retryAfter = maxDuration(g.retryAfter, g.paused)
+		g.resetAfter = maxDuration(g.resetAfter, g.paused)
 	}
 	return g, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 )
@@ -25,10 +26,12 @@ type takeReq struct {
 }
 
 // taken is bucket.lua's answer to one request: the tokens taken (0 or
-// min..max) and the credit left (or there, when nothing was taken).
+// min..max), the credit left (or there, when nothing was taken) and, when
+// the key is paused, the µs left of the pause (else 0).
 type taken struct {
 	granted int
 	credit  int64
+	paused  int64
 }
 
 type takeCall = coalesce.Call[takeReq, taken]
@@ -37,16 +40,16 @@ type takeCall = coalesce.Call[takeReq, taken]
 const maxBatch = 256
 
 var (
-	argKeys1 any = "1"
+	argKeys2 any = "2"
 	argTime  any = "" // now: the server's TIME
 )
 
 // take takes tokens of key's bucket (see takeReq), coalesced with the
 // calls of other goroutines: one script call per key for every request
 // queued behind a flush in flight (package internal/coalesce).
-func (l *Redis) take(ctx context.Context, key string, lim *keyLimits, min, max int) (int, int64, error) {
+func (l *Redis) take(ctx context.Context, key string, lim *keyLimits, min, max int) (int, int64, int64, error) {
 	t, err := l.batch.Do(ctx, takeReq{key: l.key(key), lim: lim, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max})
-	return t.granted, t.credit, err
+	return t.granted, t.credit, t.paused, err
 }
 
 // takeOne decides a lone request: one script call.
@@ -54,7 +57,7 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 	if err := l.ready(ctx); err != nil {
 		return taken{}, err
 	}
-	args := l.header(make([]any, 0, 10), r.key, r.lim)
+	args := l.header(make([]any, 0, 11), r.key, r.lim)
 	cmd := redis.NewIntSliceCmd(ctx, append(args, r.argMin, r.argMax)...)
 	if err := takeScript.Run(ctx, l.client, cmd); err != nil {
 		return taken{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
@@ -78,7 +81,7 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 	for i, g := range groups {
 		// A key's requests go under the first one's quota: they differ
 		// only if the quota changed while they were queued.
-		args := l.header(make([]any, 0, 8+2*len(g)), g[0].Req.key, g[0].Req.lim)
+		args := l.header(make([]any, 0, 9+2*len(g)), g[0].Req.key, g[0].Req.lim)
 		for _, c := range g {
 			args = append(args, c.Req.argMin, c.Req.argMax)
 		}
@@ -104,10 +107,10 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 	}
 }
 
-// header starts bucket.lua's EVALSHA for key under lim: keys and ARGV[1]
-// to ARGV[4].
+// header starts bucket.lua's EVALSHA for key under lim: keys (the hash
+// and its pause) and ARGV[1] to ARGV[4].
 func (l *Redis) header(args []any, key string, lim *keyLimits) []any {
-	args = append(takeScript.Start(args), argKeys1, key, lim.argPer, lim.argCount, lim.argCap)
+	args = append(takeScript.Start(args), argKeys2, key, key+pause.Suffix, lim.argPer, lim.argCount, lim.argCap)
 	if l.clock == nil {
 		return append(args, argTime)
 	}
@@ -122,10 +125,14 @@ func (l *Redis) results(v []int64, t []taken, reqs []takeReq) error {
 	}
 	for i, r := range reqs {
 		granted, credit := v[2*i], v[2*i+1]
-		if granted < 0 || granted > int64(r.max) || (granted > 0 && granted < int64(r.min)) || credit < -r.lim.p.maxDebt || credit > r.lim.p.cap {
+		var paused int64
+		if granted < 0 { // paused: -granted is the µs left (bucket.lua)
+			paused, granted = -granted, 0
+		}
+		if granted > int64(r.max) || (granted > 0 && granted < int64(r.min)) || credit < -r.lim.p.maxDebt || credit > r.lim.p.cap {
 			return fmt.Errorf("%w: %v", errReply, v[2*i:2*i+2])
 		}
-		t[i] = taken{int(granted), credit}
+		t[i] = taken{int(granted), credit, paused}
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func TestBatchTakesAsOneByOne(t *testing.T) {
 				max += rng.IntN(6)
 			}
 			var err error
-			want[i].granted, want[i].credit, err = l.take(ctx, "one-by-one "+key, l.lims.def, min, max)
+			want[i].granted, want[i].credit, want[i].paused, err = l.take(ctx, "one-by-one "+key, l.lims.def, min, max)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -77,7 +78,7 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 		return throttle.Decision{}, err
 	}
 	k := rediskey.Key(l.prefix, key)
-	keys := []string{k, k + idsSuffix}
+	keys := []string{k, k + idsSuffix, k + pause.Suffix}
 	h := strconv.FormatInt(horizonMicros(horizon), 10)
 	var cmd *redis.Cmd
 	if l.clock == nil {
@@ -91,10 +92,10 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 4 {
+	if !ok || (len(vals) != 4 && len(vals) != 5) {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
-	var v [4]int64
+	var v [5]int64
 	for i, x := range vals {
 		if v[i], ok = x.(int64); !ok {
 			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
@@ -105,6 +106,12 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
 	d := lim.p.decision(allowed, n, credit, lim.limit, throttle.SourceRedis)
+	if len(vals) == 5 { // paused: wait is the time left of the pause
+		if allowed || reserved || v[4] != 1 || wait < 1 {
+			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
+		}
+		return pause.Decision(d, micros(wait)), nil
+	}
 	if !allowed {
 		d.RetryAfter = max(micros(wait), time.Millisecond)
 		d.Reserved = reserved

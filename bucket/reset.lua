@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  the bucket's hash {tokens, ts, per}.
 -- KEYS[2]  the key's ids set (see bucket_id.lua).
+-- KEYS[3]  the key's pause (see bucket.lua).
 --
 -- Returns the number of keys deleted (0 for an unknown key).
-return redis.call("DEL", KEYS[1], KEYS[2])
+return redis.call("DEL", KEYS[1], KEYS[2], KEYS[3])

@@ -33,4 +33,18 @@
 // and slot) are decided together in one atomic script call instead.
 // RetryAfter is the largest of the rejecting parts'; Limit and Remaining
 // are the tightest part's.
+//
+// # Pause
+//
+// A limiter that implements [Pauser] can stop admitting one key for a
+// while: [Gate.Pause] pauses the key in every process sharing the
+// limiter's store, and until the pause ends every decision for it is a
+// rejection with a RetryAfter of at least the time left. The consumers'
+// Backoff helpers (natsthrottle.Backoff, asynqthrottle.Backoff) call it
+// when a handler reports that the partner answered 429 with a
+// Retry-After, the feedback BullMQ's rateLimit(ms) gives. With [WithAIMD]
+// a pause also halves the key's limit in an [AIMD], which grows it back by
+// a step per Per (a QuotaFunc for the limiter): fewer 429s from a partner
+// whose quota is below the configured limit, at some cost in throughput
+// (see TestAIMDHiddenQuota for figures).
 package throttle

@@ -74,3 +74,23 @@ func ExampleGate_AdmitID() {
 	// t=1s m4 allowed=true
 	// t=2s m5 allowed=true
 }
+
+// A partner answered 429 with Retry-After: 30: pause the tenant's key.
+func ExampleGate_Pause() {
+	ctx := context.Background()
+	clock := throttletest.NewClock(throttletest.T0)
+	lim, _ := window.NewMemory(throttle.PerSecond(100), window.WithClock(clock))
+	gate, _ := throttle.NewGate(lim)
+
+	if err := gate.Pause(ctx, "tenant-a", 30*time.Second); err != nil {
+		panic(err)
+	}
+	clock.Advance(10 * time.Second)
+	d, _ := gate.Admit(ctx, "tenant-a", 1)
+	fmt.Println(d.Allowed, d.RetryAfter)
+	d, _ = gate.Admit(ctx, "tenant-b", 1)
+	fmt.Println(d.Allowed)
+	// Output:
+	// false 20s
+	// true
+}

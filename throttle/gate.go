@@ -54,6 +54,7 @@ type Gate struct {
 
 	logger   *slog.Logger // nil: no logs
 	failures failureLog
+	aimd     *AIMD // WithAIMD: Pause decreases the key's limit
 }
 
 // NewGate returns a Gate over l. The limiter is required; errors wrap
@@ -77,7 +78,7 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if cfg.meterProvider == nil {
 		cfg.meterProvider = otel.GetMeterProvider()
 	}
-	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon, logger: cfg.logger}
+	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon, logger: cfg.logger, aimd: cfg.aimd}
 	g.ids, _ = l.(IDLimiter)
 	if a, ok := l.(Algorithmer); ok && g.algorithm == "" {
 		g.algorithm = a.Algorithm()

@@ -46,6 +46,7 @@ type gateConfig struct {
 	algorithmOverride string
 	horizon           time.Duration
 	logger            *slog.Logger
+	aimd              *AIMD
 }
 
 // WithTracerProvider sets the provider of the decision spans. Nil means the

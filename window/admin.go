@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -26,6 +27,9 @@ func (m *Memory) Peek(_ context.Context, key string, n int) (throttle.Decision, 
 		return throttle.Decision{}, err
 	}
 	now, window := instant(m.clock.Now(), perUS)
+	if left := m.pauses.Left(key, now); left > 0 {
+		return m.paused(key, now, left, r, perUS), nil
+	}
 	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -36,9 +40,10 @@ func (m *Memory) Peek(_ context.Context, key string, n int) (throttle.Decision, 
 	return l.peek(now, n, limits{limit: r.Count, window: window, nominal: perUS}), nil
 }
 
-// Reset forgets key: it is back to its initial state, with no admission
-// and no reservation. Resetting an unknown key is not an error.
+// Reset forgets key: it is back to its initial state, with no admission,
+// no reservation and no pause. Resetting an unknown key is not an error.
 func (m *Memory) Reset(_ context.Context, key string) error {
+	m.pauses.Clear(key)
 	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
 	s.mu.Lock()
 	delete(s.logs, key)
@@ -96,15 +101,15 @@ var resetScript = redis.NewScript(resetLua)
 // argPeek is the horizon argument that tells window.lua to write nothing.
 var argPeek any = "-2"
 
-// Reset deletes key's sorted set (and its clock floor): the key is back
-// to its initial state in every process that shares the Redis. Resetting
-// an unknown key is not an error. Errors are Redis or context errors
+// Reset deletes key's sorted set (and its clock floor, hint and pause):
+// the key is back to its initial state in every process that shares the
+// Redis. Resetting an unknown key is not an error. Errors are Redis or context errors
 // (bounded by WithTimeout), wrapped as "window: redis: ...".
 func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
-	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix}).Err(); err != nil {
+	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix, k + pause.Suffix}).Err(); err != nil {
 		return fmt.Errorf("window: redis: %w", err)
 	}
 	return nil

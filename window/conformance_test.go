@@ -107,3 +107,23 @@ func TestRedisPeekReset(t *testing.T) {
 		return newTestRedis(t, client, r, WithClock(c))
 	})
 }
+
+func TestMemoryPause(t *testing.T) {
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		l, err := NewMemory(r, WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, nil
+	})
+}
+
+func TestRedisPause(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunPause(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) (throttle.Pauser, throttle.Pauser) {
+		prefix := freshPrefix()
+		l := newTestRedis(t, client, r, WithClock(c), WithPrefix(prefix))
+		peer := newTestRedis(t, client, r, WithClock(c), WithPrefix(prefix))
+		return l, peer
+	})
+}

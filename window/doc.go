@@ -109,6 +109,21 @@
 // time never moves backwards. The script uses PEXPIRE with NX and GT:
 // Redis 7.0 or newer.
 //
+// # Pause
+//
+// Pause(ctx, key, d) makes every decision for key a rejection for d
+// (throttle.Pauser): AllowN, AllowID and Peek reject with Remaining 0 and a
+// RetryAfter of the time left of the pause, recording and reserving
+// nothing; a longer pause extends, a shorter one never shortens, and Reset
+// ends it. Consumers call it, through throttle.Gate.Pause, when a partner
+// answers 429 (natsthrottle.Backoff, asynqthrottle.Backoff). [Redis] keeps
+// the pause in a string key beside the sorted set, prefix + "{" + tag +
+// "}:pause", holding the instant the pause ends, so every process sharing
+// the Redis sees it; window.lua reads it with one GET per script call (a
+// coalesced batch shares it; one round trip still), and it expires when the pause ends. [Memory] keeps
+// its pauses apart from the logs, so the sweep of idle keys never forgets
+// one. Pause refuses d <= 0 with an error naming "d".
+//
 // # Keys
 //
 // A key maps to the Redis key prefix + "{" + tag + "}" (prefix default
@@ -150,7 +165,8 @@
 // *redis.ClusterClient and *redis.Ring all satisfy. On a Redis Cluster
 // each decision is one script run on the master that holds the key's slot
 // (go-redis routes EVALSHA by its first key), and the script touches only
-// that one key, so no decision can fail with CROSSSLOT. If a master is
+// the keys of one identity (its sorted set, hint, pause and clock floor), all in
+// the key's slot, so no decision can fail with CROSSSLOT. If a master is
 // down, AllowN returns an error for the keys in its slots only, and the
 // throttle.Gate's failure policy decides for them; keys on the other
 // masters are decided as before. Run the cluster with

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -50,7 +51,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	}
 	ws := make([]*Redis, len(parts))
 	limits := make([]int, len(parts))
-	rkeys := make([]string, 0, 2*len(parts))
+	rkeys := make([]string, 0, 3*len(parts))
 	args := make([]any, 5, 5+2*len(parts))
 	for i, p := range parts {
 		w, ok := p.(*Redis)
@@ -63,7 +64,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 		}
 		ws[i], limits[i] = w, r.Count
 		k := w.key(keys[i])
-		rkeys = append(rkeys, k, k+floorSuffix)
+		rkeys = append(rkeys, k, k+floorSuffix, k+pause.Suffix)
 		args = append(args, strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count))
 	}
 	if !oneSlot(l.client, rkeys) {

@@ -2,8 +2,10 @@
 -- (Redis.AllowJoint): admitted in all of them, or charged in none.
 -- Each window's rule is window.lua's for AllowN.
 --
--- KEYS[2i-1]  window i's sorted set (see window.lua), i = 1..parts.
--- KEYS[2i]    window i's clock floor (read and written with a client
+-- KEYS[3i-2]  window i's sorted set (see window.lua), i = 1..parts.
+-- KEYS[3i]    window i's pause (see window.lua): while it is in force,
+--             the request does not fit in window i.
+-- KEYS[3i-1]  window i's clock floor (read and written with a client
 --             clock only).
 -- ARGV[1]     n, the cost (1 <= n <= every limit, checked by the caller).
 -- ARGV[2]     a member identity unique to this request: units are stored
@@ -34,7 +36,7 @@
 
 local n = tonumber(ARGV[1])
 local base = ARGV[2]
-local parts = #KEYS / 2
+local parts = #KEYS / 3
 local slack = 0
 local now
 if ARGV[3] ~= "" then
@@ -43,7 +45,7 @@ if ARGV[3] ~= "" then
 		slack = 1
 	end
 	for i = 1, parts do
-		local floor = tonumber(redis.call("GET", KEYS[2 * i]))
+		local floor = tonumber(redis.call("GET", KEYS[3 * i - 1]))
 		if floor and floor > now then
 			now = floor
 		end
@@ -106,7 +108,7 @@ local res = {}
 local counts = {}
 local all = true
 for i = 1, parts do
-	local key = KEYS[2 * i - 1]
+	local key = KEYS[3 * i - 2]
 	local window = tonumber(ARGV[4 + 2 * i]) + slack
 	local nominal = tonumber(ARGV[4 + 2 * i])
 	local limit = tonumber(ARGV[5 + 2 * i])
@@ -114,9 +116,14 @@ for i = 1, parts do
 	local count = redis.call("ZCARD", key)
 	counts[i] = count
 	local top = newest(key)
-	local fits = count + n <= limit or (top > now and fitsNow(key, window, limit))
+	local pausedUntil = tonumber(redis.call("GET", KEYS[3 * i]))
+	local paused = pausedUntil and pausedUntil > now
+	local fits = not paused and (count + n <= limit or (top > now and fitsNow(key, window, limit)))
 	local r = 5 * (i - 1)
-	if fits then
+	if paused then
+		all = false
+		res[r + 1], res[r + 2], res[r + 3], res[r + 4], res[r + 5] = 0, 0, pausedUntil - now, math.max(top, pausedUntil) + nominal - now, 0
+	elseif fits then
 		res[r + 1], res[r + 2], res[r + 3], res[r + 4], res[r + 5] = 1, math.max(limit - count - n, 0), 0, nominal, 0
 	else
 		all = false
@@ -141,7 +148,7 @@ if not all then
 end
 
 for i = 1, parts do
-	local key = KEYS[2 * i - 1]
+	local key = KEYS[3 * i - 2]
 	local window = tonumber(ARGV[4 + 2 * i]) + slack
 	local args = {}
 	local j = 1
@@ -167,7 +174,7 @@ for i = 1, parts do
 		redis.call("PEXPIRE", key, ms, "GT")
 	end
 	if ARGV[3] ~= "" then
-		redis.call("SET", KEYS[2 * i], now, "PX", ms)
+		redis.call("SET", KEYS[3 * i - 1], now, "PX", ms)
 	end
 end
 return res

@@ -169,3 +169,26 @@ func TestRedisAllowJointStalled(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisAllowJointPaused: a paused window rejects the joint request for
+// the time left of its pause, and the other windows are charged nothing.
+func TestRedisAllowJointPaused(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	clock := throttletest.NewClock(throttletest.T0)
+	a := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Second}, WithClock(clock))
+	b := newTestRedis(t, client, throttle.Rate{Count: 3, Per: time.Second}, WithClock(clock))
+	if err := b.Pause(ctx, "k", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ds, ok, err := a.AllowJoint(ctx, []throttle.Limiter{a, b}, []string{"k", "k"}, 1)
+	if err != nil || !ok || len(ds) != 2 {
+		t.Fatalf("AllowJoint: %v, ok %v, %v", ds, ok, err)
+	}
+	if ds[1].Allowed || ds[1].RetryAfter < 5*time.Second {
+		t.Fatalf("paused window: %+v; want rejected for the 5s of its pause", ds[1])
+	}
+	if d, err := a.Peek(ctx, "k", 2); err != nil || !d.Allowed {
+		t.Fatalf("a after the paused rejection: %+v, %v; want its 2 units free", d, err)
+	}
+}

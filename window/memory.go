@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -40,6 +41,7 @@ type Memory struct {
 	window int64 // µs
 	clock  throttle.Clock
 	seed   maphash.Seed
+	pauses pause.Set // Pause
 	shards [memoryShards]memoryShard
 }
 
@@ -124,6 +126,9 @@ func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64
 		return throttle.Decision{}, err
 	}
 	now, window := instant(m.clock.Now(), perUS)
+	if left := m.pauses.Left(key, now); left > 0 {
+		return m.paused(key, now, left, r, perUS), nil
+	}
 	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -44,8 +44,8 @@ type groupID struct {
 const maxBatch = 256
 
 var (
-	argKeys2 any = "2"
 	argKeys3 any = "3"
+	argKeys4 any = "4"
 	argTime  any = "" // now: the server's TIME
 	argExact any = "0"
 )
@@ -55,7 +55,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	if err := l.ready(ctx); err != nil {
 		return throttle.Decision{}, err
 	}
-	args := l.header(ctx, make([]any, 0, 13), r)
+	args := l.header(ctx, make([]any, 0, 14), r)
 	args = append(args, r.argN, r.member, r.horizon)
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	if err := windowScript.Run(ctx, l.client, cmd); err != nil {
@@ -78,7 +78,7 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} })
 	cmds := make([]*redis.IntSliceCmd, len(groups))
 	for i, g := range groups {
-		args := l.header(ctx, make([]any, 0, 9+3*len(g)), g[0].Req)
+		args := l.header(ctx, make([]any, 0, 10+3*len(g)), g[0].Req)
 		for _, c := range g {
 			args = append(args, c.Req.argN, c.Req.member, c.Req.horizon)
 		}
@@ -109,13 +109,14 @@ func (l *Redis) ready(ctx context.Context) error {
 	return nil
 }
 
-// header starts the EVALSHA of r's key: the script, the keys and ARGV[1]
+// header starts the EVALSHA of r's key: the script, the keys (the sorted
+// set, its hint, its pause and, with a client clock, its floor) and ARGV[1]
 // to ARGV[5] (window, limit, now, whether the reading was inexact, and
 // the instant after which the script must apply nothing).
 func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	args = windowScript.Start(args)
 	if l.clock == nil {
-		return append(args, argKeys2, r.key, r.hint, r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
+		return append(args, argKeys3, r.key, r.hint, pauseKey(r.key), r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
 	}
 	now, slack := instant(l.clock.Now(), 0)
 	inexact := argExact
@@ -124,7 +125,7 @@ func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	}
 	// A client clock: the script does not read TIME, so it cannot tell
 	// that it runs late.
-	return append(args, argKeys3, r.key, r.hint, r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
+	return append(args, argKeys4, r.key, r.hint, pauseKey(r.key), r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
 }
 
 // lateSlack is how late, after its caller's deadline, a script may still

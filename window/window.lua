@@ -9,7 +9,9 @@
 --          slot. A unit at t counts during [t, t+window).
 -- KEYS[2]  the key's hint for slot searches (a string key in the same
 --          slot; see hinted below).
--- KEYS[3]  with a client clock (ARGV[3] not empty) only: the key's clock
+-- KEYS[3]  the key's pause (see pause.Suffix): the instant, µs, until which
+--          every request is rejected; missing when not paused.
+-- KEYS[4]  with a client clock (ARGV[3] not empty) only: the key's clock
 --          floor, the newest admission instant (a string key in the same
 --          slot).
 -- ARGV[1]  window, µs (integer).
@@ -54,12 +56,18 @@
 -- retry_after_us = 0 when admitted, else the time to the slot;
 -- reset_after_us = newest unit + ARGV[1] - now.
 --
+-- While KEYS[3] holds an instant after now the key is paused: every
+-- request is rejected at once, nothing written, with remaining 0,
+-- retry_after_us the time left of the pause and reset_after_us at least
+-- as long.
+--
 -- AllowN requests that fit are batched: their units are written together
 -- by one ZADD before any other request reads the set (pending below), and
 -- an AllowN rejection that nothing written since could change is answered
 -- as the one before it (a rejection of AllowN writes nothing).
 
 local key = KEYS[1]
+local floorKey = KEYS[4]
 local window = tonumber(ARGV[1])
 local nominal = window
 local limit = tonumber(ARGV[2])
@@ -70,7 +78,7 @@ if ARGV[3] ~= "" then
 	if ARGV[4] == "1" then
 		window = window + 1 -- the reading lay between two µs (see instant)
 	end
-	local floor = tonumber(redis.call("GET", KEYS[3]))
+	local floor = tonumber(redis.call("GET", floorKey))
 	if floor and floor > now then
 		now = floor
 	end
@@ -84,6 +92,24 @@ else
 	if ARGV[5] ~= "" and now > tonumber(ARGV[5]) then
 		return {-1}
 	end
+end
+
+-- Paused (Pause): reject every request, writing nothing; retry_after is
+-- the time left, reset_after covers the newest unit as well.
+local pausedUntil = tonumber(redis.call("GET", KEYS[3]))
+if pausedUntil and pausedUntil > now then
+	local left = pausedUntil - now
+	local reset = left
+	local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+	if top and top + nominal - now > reset then
+		reset = top + nominal - now
+	end
+	local out = {}
+	for _ = 6, #ARGV, 3 do -- one reply per request (ARGV[6...])
+		local j = #out
+		out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
+	end
+	return out
 end
 
 -- excl is the exclusive score bound "(x" (string.format keeps every digit,
@@ -184,8 +210,8 @@ local function decide(n, base, horizon)
 			else
 				later = redis.call("PEXPIRE", key, ms, "GT") == 0
 			end
-			if KEYS[3] then
-				redis.call("SET", KEYS[3], now, "PX", math.ceil(window / 1000))
+			if floorKey then
+				redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
 			end
 			local reset = nominal
 			if later then
@@ -258,8 +284,8 @@ local function decide(n, base, horizon)
 			zadd(now, nil)
 		end
 		local later = expire(now, fresh)
-		if KEYS[3] then
-			redis.call("SET", KEYS[3], now, "PX", math.ceil(window / 1000))
+		if floorKey then
+			redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
 		end
 		local reset = nominal
 		if later then
@@ -444,8 +470,8 @@ local function write()
 	else
 		later = redis.call("PEXPIRE", key, ms, "GT") == 0
 	end
-	if KEYS[3] then
-		redis.call("SET", KEYS[3], now, "PX", ms)
+	if floorKey then
+		redis.call("SET", floorKey, now, "PX", ms)
 	end
 	if later then
 		-- The key lived longer: a reservation may be newer than now.

@@ -38,6 +38,9 @@ const (
 	// admitted task (WithInFlight): one of the InFlight constants. It is
 	// not set without an in-flight limiter.
 	InFlightAttr = attribute.Key("throttle.in_flight")
+	// BackoffMsAttr (int) is the delay of a Backoff the wrapped handler
+	// returned, in milliseconds.
+	BackoffMsAttr = attribute.Key("throttle.backoff_ms")
 )
 
 // Values of InFlightAttr.

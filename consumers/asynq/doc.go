@@ -149,6 +149,23 @@
 // CPUs) throttled tasks come back up to 6 s early and hold every worker
 // while they wait.
 //
+// # Backoff on a 429
+//
+// When the partner a handler calls answers 429 with Retry-After: d, the
+// handler returns [Backoff](d):
+//
+//	if resp.StatusCode == http.StatusTooManyRequests {
+//		return asynqthrottle.Backoff(retryAfter(resp))
+//	}
+//
+// The middleware then pauses the task's key in the Gate's limiter for d
+// (throttle.Gate.Pause: in Redis, for every worker), so the key's other
+// tasks are rejected until d has passed, and puts the task back as it puts
+// back a rejected one: a *RateLimitError with RetryIn d (not a failure, no
+// retry charged), re-enqueued or waited for on its last attempt, never
+// archived. It comes back after d (rounded up to asynq's whole seconds)
+// and is admitted on its id without a second charge.
+//
 // # In-flight limits
 //
 // WithInFlight(l, lease) adds a limit on how many tasks of a key run at

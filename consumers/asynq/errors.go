@@ -49,6 +49,9 @@ type RateLimitError struct {
 	// slot is true when the Gate admitted the task and the in-flight
 	// limiter (WithInFlight) refused it a slot.
 	slot bool
+	// backoff is true when the Gate admitted the task and the handler
+	// returned Backoff: RetryIn is its delay.
+	backoff bool
 }
 
 func newRateLimitError(key string, d throttle.Decision, at time.Time) *RateLimitError {
@@ -61,8 +64,11 @@ func newRateLimitError(key string, d throttle.Decision, at time.Time) *RateLimit
 
 func (e *RateLimitError) Error() string {
 	what := "rate limited"
-	if e.slot {
+	switch {
+	case e.slot:
 		what = "in-flight limit reached"
+	case e.backoff:
+		what = "backoff: key paused"
 	}
 	s := fmt.Sprintf("asynqthrottle: %s: key %q, retry in %v", what, e.Key, e.RetryIn)
 	if e.Err != nil {
@@ -137,6 +143,9 @@ func retryDelay(now time.Time, err error) (time.Duration, bool) {
 	var le *throttle.LimitedError
 	if errors.As(err, &le) {
 		return plusSecond(le.RetryAfter()), true
+	}
+	if be := backoffOf(err); be != nil { // returned without the middleware
+		return plusSecond(be.Delay), true
 	}
 	return 0, false
 }

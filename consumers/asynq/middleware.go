@@ -135,7 +135,8 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 			h.storeFailure(ctx, t, key, d)
 		}
 		at := time.Now()
-		refused := false // admitted, and refused an in-flight slot
+		refused := false   // admitted, and refused an in-flight slot
+		backedOff := false // admitted, and the handler returned Backoff
 		switch {
 		case err != nil && throttle.IsUsageError(err):
 			return archive(span, err)
@@ -147,18 +148,27 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 			return err
 		case d.Allowed:
 			s, sd, ok := h.acquire(ctx, span, t, key, id)
-			if ok {
-				return h.run(ctx, span, t, s)
+			if !ok {
+				// Admitted, but every slot of the key is held: back like a
+				// rejection, and admitted again without a second charge
+				// (same id) when it returns.
+				d, at, refused = sd, time.Now(), true
+				break
 			}
-			// Admitted, but every slot of the key is held: back like a
-			// rejection, and admitted again without a second charge
-			// (same id) when it returns.
-			d, at, refused = sd, time.Now(), true
+			err := h.run(ctx, span, t, s)
+			be := backoffOf(err)
+			if be == nil {
+				return err
+			}
+			// The partner said 429: pause the key for everyone, and back
+			// like a rejection (admitted again on its id).
+			d, backedOff = h.backoff(ctx, span, t, key, be), true
+			at = time.Now()
 		case d.RetryAfter == throttle.Never:
 			return archive(span, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
 		}
 		rl := newRateLimitError(key, d, at)
-		rl.slot = refused
+		rl.slot, rl.backoff = refused, backedOff
 		until := at.Add(d.RetryAfter)
 		// A near reserved slot is waited for here: a retry could not come
 		// back in time for it (whole seconds, the check interval).
@@ -265,9 +275,10 @@ func (h *handler) requeue(ctx context.Context, span trace.Span, t *asynq.Task, t
 	}
 	opts = append(opts, deadlineOptions(ctx, ti.start)...)
 	headers := t.Headers()
-	if id != "" && (rl.Decision.Reserved || rl.slot) {
+	if id != "" && (rl.Decision.Reserved || rl.slot || rl.backoff) {
 		// The copy claims its original's reservation, or its admission
-		// when only an in-flight slot was refused.
+		// when only an in-flight slot was refused or the handler backed
+		// off.
 		headers = maps.Clone(headers)
 		if headers == nil {
 			headers = map[string]string{}

@@ -30,6 +30,10 @@ const (
 	// admitted message (WithInFlight): one of the InFlight constants. It
 	// is not set without an in-flight limiter.
 	InFlightAttr = attribute.Key("throttle.in_flight")
+	// BackoffMsAttr (int) is the d of a Backoff the wrapped handler called,
+	// in milliseconds, on the span of that run and on the span of the
+	// message's wait or hold after it.
+	BackoffMsAttr = attribute.Key("throttle.backoff_ms")
 )
 
 // Values of InFlightAttr.

@@ -161,6 +161,31 @@
 // delivery, the server will not deliver them to this consumer again after
 // AckWait (they stay in the stream). Give Close enough time.
 //
+// # Backoff on a 429
+//
+// When the partner a handler calls answers 429 with Retry-After: d, the
+// handler calls [Backoff](msg, d) and returns without acknowledging msg:
+//
+//	func handle(msg jetstream.Msg) {
+//		resp, err := callPartner(msg.Data())
+//		if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+//			_ = natsthrottle.Backoff(msg, retryAfter(resp))
+//			return
+//		}
+//		...
+//		_ = msg.Ack()
+//	}
+//
+// Backoff pauses the message's key in the Gate's limiter for d
+// (throttle.Gate.Pause: in Redis, for every worker), so the key's other
+// messages are rejected and NAKed until d has passed, and puts msg back
+// once the handler has returned: waiting in process when d is within
+// WithMaxWait (no delivery used), else NakWithDelay(d plus jitter), which
+// uses one delivery like any NAK, or, on the last delivery, held with
+// InProgress heartbeats (no delivery used), so Backoff alone never makes
+// the server drop a message at MaxDeliver. It comes back after d and is
+// admitted on its id without a second charge.
+//
 // # In-flight limits
 //
 // WithInFlight(l, lease) adds a limit on how many messages of a key the

@@ -275,6 +275,14 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 
 	// Last delivery: a NAK would make the server drop the message for this
 	// consumer (MaxDeliver), so hold it instead, on its own goroutine.
+	d.RetryAfter = retry
+	h.startHold(ctx, span, r, d)
+}
+
+// startHold holds r, on its last delivery, on a goroutine of its own until
+// d.RetryAfter has passed and it is admitted (see hold); when the Handler
+// is closing it abandons r instead and ends span.
+func (h *Handler) startHold(ctx context.Context, span trace.Span, r *request, d throttle.Decision) {
 	h.mu.Lock()
 	if h.closing {
 		h.mu.Unlock()
@@ -286,7 +294,6 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 	h.holding.Add(1)
 	h.held.Add(1)
 	h.mu.Unlock()
-	d.RetryAfter = retry
 	go h.hold(ctx, span, r, d)
 }
 
@@ -361,7 +368,7 @@ func (h *Handler) decided(ctx context.Context, span trace.Span, r *request, d th
 			admitted()
 		}
 		span.SetAttributes(DispositionAttr.String(DispositionHandled))
-		h.run(ctx, msg, s)
+		h.run(ctx, r, s)
 		return 0, true
 	case d.RetryAfter == throttle.Never:
 		h.terminate(ctx, span, msg, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
@@ -624,6 +631,9 @@ type tracedMsg struct {
 	jetstream.Msg
 	ctx  context.Context
 	slot *inflight.Slot
+	h    *Handler
+	r    *request
+	back backoff // Backoff
 }
 
 // ContextFromMsg returns the context of the process span of a message the

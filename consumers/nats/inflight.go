@@ -47,14 +47,19 @@ func (h *Handler) acquire(ctx context.Context, span trace.Span, r *request) (*in
 	return s, 0, true
 }
 
-// run runs the wrapped handler on msg, holding s (may be nil) until the
-// handler returns or acknowledges msg, and renewing it meanwhile.
-func (h *Handler) run(ctx context.Context, msg jetstream.Msg, s *inflight.Slot) {
+// run runs the wrapped handler on r's message, holding s (may be nil)
+// until the handler returns or acknowledges the message, and renewing it
+// meanwhile. A Backoff the handler called is carried out once it returns.
+func (h *Handler) run(ctx context.Context, r *request, s *inflight.Slot) {
 	if s != nil {
 		s.KeepAlive()
 		defer s.Release()
 	}
-	h.next(&tracedMsg{Msg: msg, ctx: ctx, slot: s})
+	m := &tracedMsg{Msg: r.msg, ctx: ctx, slot: s, h: h, r: r}
+	h.next(m)
+	if d := m.back.returned(); d > 0 {
+		h.putBack(m, d)
+	}
 }
 
 // decisions is the longest the decisions on one message may take: the

@@ -42,6 +42,13 @@
 // limiters of one family against what the parts say alone, and that a
 // rejected request charges no part.
 //
+// [RunPause] checks Pause (throttle.Pauser) on windows and token buckets
+// alike: while paused every decision (AllowN, AllowID, Peek) is a
+// rejection with Remaining 0 and RetryAfter the time left, charging and
+// reserving nothing; a longer pause extends, a shorter one never shortens;
+// d <= 0 is refused naming "d"; Reset ends a pause; and a peer limiter on
+// the same store sees it.
+//
 // Usage:
 //
 //	func TestConformance(t *testing.T) {
