@@ -27,11 +27,11 @@ const (
 // span T are at most burst + (T + hybridHold) × rate.
 const hybridHold = 500 * time.Millisecond
 
-// redisTimeout bounds each Redis call of the window and bucket limiters.
-// The timeout also covers the wait for a pooled connection, and a flood
-// on 2 cores shared by NATS, asynq and redis-server can queue hundreds of
-// decisions at once: the default 50 ms would then turn a busy Redis into
-// degraded decisions.
+// redisTimeout bounds each Redis round trip of every limiter (the Hybrid's
+// leases too). On 2 cores shared by NATS, asynq, redis-server and several
+// worker processes a round trip can stall for longer than the default
+// 50 ms, which would turn a busy but healthy Redis into degraded
+// decisions.
 const redisTimeout = 500 * time.Millisecond
 
 // limiterSpec is the family of the per-tenant limiters and its settings.
@@ -160,7 +160,7 @@ func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, r throt
 		if rc == nil {
 			return nil, errors.New("-limiter hybrid needs -redis URL")
 		}
-		h, err = bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithMeterProvider(spec.Meters), bucket.WithQuotas(quotas))
+		h, err = bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(redisTimeout), bucket.WithMeterProvider(spec.Meters), bucket.WithQuotas(quotas))
 		l = h
 	case spec.Family == familyBucket && rc == nil:
 		l, err = bucket.NewLocal(r, spec.burstOf(r), bucket.WithQuotas(quotas))
