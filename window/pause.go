@@ -80,9 +80,5 @@ func (l *Redis) Pause(ctx context.Context, key string, d time.Duration) error {
 	return nil
 }
 
-// pauseKey returns the Redis key of the pause of the sorted set k (see
-// window.lua): built once per script call, not per request.
-func pauseKey(k string) string { return k + pause.Suffix }
-
 var _ throttle.Pauser = (*Memory)(nil)
 var _ throttle.Pauser = (*Redis)(nil)

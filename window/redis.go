@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
@@ -197,7 +198,9 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member string, ho
 // request checks a decision's input and builds it, with key's quota.
 func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
 	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
-	// The key, its hint key and AllowN's fresh member, in one allocation.
+	// The key, its pause and hint keys and AllowN's fresh member, in one
+	// allocation: the hint key starts with the pause key, which starts
+	// with the key.
 	var buf [len(hintSuffix) + 17 + 13]byte
 	suffix := append(buf[:0], hintSuffix...)
 	fresh := horizon == argAllowN
@@ -205,7 +208,7 @@ func (l *Redis) request(key string, n int, member string, horizon any) (request,
 		suffix = l.member.appendNext(suffix)
 	}
 	k, s := rediskey.KeyAnd(l.prefix, key, suffix)
-	r.key, r.hint = k, s[:len(k)+len(hintSuffix)]
+	r.key, r.pause, r.hint = k, s[:len(k)+len(pause.Suffix)], s[:len(k)+len(hintSuffix)]
 	if fresh {
 		r.member = s[len(r.hint):]
 	}
@@ -238,7 +241,7 @@ func (l *Redis) request(key string, n int, member string, horizon any) (request,
 // sorted-set key ends with them).
 const (
 	floorSuffix = ":floor"
-	hintSuffix  = ":hint"
+	hintSuffix  = pause.Suffix + ":hint" // after the pause key's (see request)
 )
 
 var errReply = errors.New("window: redis: unexpected script reply")

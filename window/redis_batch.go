@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,6 +18,7 @@ import (
 // request is one decision of a Redis window, as window.lua takes it.
 type request struct {
 	key      string // the Redis key of the sorted set
+	pause    string // and of its pause
 	hint     string // and of its hint (see window.lua)
 	argWin   any    // window, µs, and limit: the key's quota, as strings
 	argLimit any
@@ -50,13 +52,23 @@ var (
 	argExact any = "0"
 )
 
+// argsPool holds the argument slices of lone calls (one allocation less
+// per decision).
+var argsPool = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
+
 // one decides a lone request: one script call.
 func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	if err := l.ready(ctx); err != nil {
 		return throttle.Decision{}, err
 	}
-	args := l.header(ctx, make([]any, 0, 14), r)
+	buf := argsPool.Get().(*[]any)
+	args := l.header(ctx, (*buf)[:0], r)
 	args = append(args, r.argN, r.member, r.horizon)
+	defer func() { // the command is done with its arguments
+		clear(args)
+		*buf = args[:0]
+		argsPool.Put(buf)
+	}()
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	if err := windowScript.Run(ctx, l.client, cmd); err != nil {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
@@ -116,7 +128,7 @@ func (l *Redis) ready(ctx context.Context) error {
 func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	args = windowScript.Start(args)
 	if l.clock == nil {
-		return append(args, argKeys3, r.key, r.hint, pauseKey(r.key), r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
+		return append(args, argKeys3, r.key, r.hint, r.pause, r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
 	}
 	now, slack := instant(l.clock.Now(), 0)
 	inexact := argExact
@@ -125,7 +137,7 @@ func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	}
 	// A client clock: the script does not read TIME, so it cannot tell
 	// that it runs late.
-	return append(args, argKeys4, r.key, r.hint, pauseKey(r.key), r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
+	return append(args, argKeys4, r.key, r.hint, r.pause, r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
 }
 
 // lateSlack is how late, after its caller's deadline, a script may still
