@@ -2,10 +2,7 @@ package bucket
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,36 +73,10 @@ func TestCoalescedLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls0 := redistest.ScriptCalls(t, client)
-	stop := throttletest.Spin(2)
-	defer stop()
-
 	const goroutines = 500
-	var admitted, failed atomic.Int64
-	var firstErr atomic.Value
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			d, err := l.Allow(ctx, "hot")
-			switch {
-			case err != nil:
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, fmt.Sprint(err))
-			case d.Allowed:
-				admitted.Add(1)
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if failed.Load() > 0 {
-		t.Fatalf("%d of %d calls failed, first: %v", failed.Load(), goroutines, firstErr.Load())
-	}
-	if admitted.Load() != burst {
-		t.Fatalf("%d admitted of %d with a burst of %d and no refill to speak of, want exactly %d", admitted.Load(), goroutines, burst, burst)
+	admitted := throttletest.Burst(t, l, "hot", goroutines)
+	if admitted != burst {
+		t.Fatalf("%d admitted of %d with a burst of %d and no refill to speak of, want exactly %d", admitted, goroutines, burst, burst)
 	}
 	if scripts := redistest.ScriptCalls(t, client) - calls0; scripts > goroutines/4 {
 		t.Fatalf("%d script calls for %d decisions: not coalesced", scripts, goroutines)

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,36 +114,10 @@ func TestCoalescedLoad(t *testing.T) {
 	}
 	calls0 := redistest.ScriptCalls(t, client)
 
-	stop := throttletest.Spin(2)
-	defer stop()
-
 	const goroutines = 500
-	var admitted, failed atomic.Int64
-	var firstErr atomic.Value
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			d, err := l.Allow(ctx, "hot")
-			switch {
-			case err != nil:
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err)
-			case d.Allowed:
-				admitted.Add(1)
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if failed.Load() > 0 {
-		t.Fatalf("%d of %d calls failed, first: %v", failed.Load(), goroutines, firstErr.Load())
-	}
-	if admitted.Load() != int64(r.Count) {
-		t.Fatalf("%d admitted of %d at a limit of %v, want exactly %d", admitted.Load(), goroutines, r, r.Count)
+	admitted := throttletest.Burst(t, l, "hot", goroutines)
+	if admitted != r.Count {
+		t.Fatalf("%d admitted of %d at a limit of %v, want exactly %d", admitted, goroutines, r, r.Count)
 	}
 	scripts := redistest.ScriptCalls(t, client) - calls0
 	if scripts > goroutines/4 {
