@@ -68,7 +68,7 @@ var (
 	//go:embed reset.lua
 	resetLua string
 
-	peekScript  = redis.NewScript(peekLua)
+	peekScript  = redis.NewScript(convertLua + peekLua)
 	resetScript = redis.NewScript(resetLua)
 )
 

@@ -24,9 +24,8 @@
 --
 -- The hash's per field is the period its credit is counted in. A quota
 -- whose period differs (WithQuotas, or a new Rate.Per) keeps the bucket's
--- whole tokens: credit = floor(credit / stored per) tokens (at most
--- burst, at least -floor((2^53 - cap) / per)) * per; Local.convert is the
--- twin. A hash without per is counted in the current period.
+-- whole tokens (convert, in the prelude convert.lua). A hash without per
+-- is counted in the current period.
 --
 -- Elapsed time is clamped at 0: if now is before ts, the bucket is read at
 -- ts and ts is kept, so stored time never moves backwards. A rejection
@@ -59,17 +58,7 @@ local st = redis.call("HMGET", key, "tokens", "ts", "per")
 local credit = tonumber(st[1])
 local ts = tonumber(st[2])
 if credit ~= nil then
-	local sp = tonumber(st[3])
-	if sp ~= nil and sp ~= per then
-		local t = math.floor(credit / sp)
-		local lo = -math.floor((9007199254740992 - cap) / per)
-		if t > cap / per then
-			t = cap / per
-		elseif t < lo then
-			t = lo
-		end
-		credit = t * per
-	end
+	credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
 end
 if credit == nil or ts == nil then
 	credit = cap

@@ -26,7 +26,7 @@
 -- ARGV[9]  optional: now, µs, from the client's clock. Absent: now is the
 --          server's TIME.
 --
--- A stored per other than ARGV[1] is converted as bucket.lua does.
+-- A stored per other than ARGV[1] is converted (convert.lua).
 --
 -- A clock behind the bucket's ts counts as no time passing: now is ts.
 -- Ids at or before now - memory are forgotten first. Then: an admitted id
@@ -73,17 +73,7 @@ local st = redis.call("HMGET", key, "tokens", "ts", "per")
 local credit = tonumber(st[1])
 local ts = tonumber(st[2])
 if credit ~= nil then
-	local sp = tonumber(st[3])
-	if sp ~= nil and sp ~= per then
-		local t = math.floor(credit / sp)
-		local lo = -math.floor((9007199254740992 - cap) / per)
-		if t > cap / per then
-			t = cap / per
-		elseif t < lo then
-			t = lo
-		end
-		credit = t * per
-	end
+	credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
 end
 if credit == nil or ts == nil then
 	credit = cap

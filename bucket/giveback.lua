@@ -10,7 +10,7 @@
 -- ARGV[5]  optional: now, µs, from the client's clock. Absent: the
 --          server's TIME.
 --
--- A stored per other than ARGV[1] is converted as bucket.lua does.
+-- A stored per other than ARGV[1] is converted (convert.lua).
 --
 -- tokens grows by n * per, capped at cap; ts stays. A missing key is a
 -- full bucket and stays missing. The key's expiry moves to the earlier
@@ -29,17 +29,7 @@ if credit == nil or ts == nil then
 end
 local per = tonumber(ARGV[1])
 if credit ~= nil then
-	local sp = tonumber(st[3])
-	if sp ~= nil and sp ~= per then
-		local t = math.floor(credit / sp)
-		local lo = -math.floor((9007199254740992 - cap) / per)
-		if t > cap / per then
-			t = cap / per
-		elseif t < lo then
-			t = lo
-		end
-		credit = t * per
-	end
+	credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
 end
 local count = tonumber(ARGV[2])
 credit = credit + tonumber(ARGV[4]) * per

@@ -40,17 +40,7 @@ local ts = tonumber(st[2])
 if credit == nil or ts == nil then
 	return {cap, left}
 end
-local sp = tonumber(st[3])
-if sp ~= nil and sp ~= per then
-	local t = math.floor(credit / sp)
-	local lo = -math.floor((9007199254740992 - cap) / per)
-	if t > cap / per then
-		t = cap / per
-	elseif t < lo then
-		t = lo
-	end
-	credit = t * per
-end
+credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
 if now > ts then
 	credit = credit + (now - ts) * count
 end

@@ -20,13 +20,17 @@ import (
 )
 
 var (
+	// convertLua is the prelude of the scripts that read a bucket's hash
+	// (see convert.lua).
+	//go:embed convert.lua
+	convertLua string
 	//go:embed bucket.lua
 	bucketLua string
 	//go:embed giveback.lua
 	giveBackLua string
 
 	// giveBackScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
-	giveBackScript = redis.NewScript(giveBackLua)
+	giveBackScript = redis.NewScript(convertLua + giveBackLua)
 )
 
 // Redis is a token bucket per key kept in Redis, shared by every process

@@ -20,7 +20,7 @@ var (
 	//go:embed bucket_id.lua
 	bucketIDLua string
 	// idScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
-	idScript = redis.NewScript(bucketIDLua)
+	idScript = redis.NewScript(convertLua + bucketIDLua)
 )
 
 // idsSuffix names a key's ids set beside its bucket hash: after the hash

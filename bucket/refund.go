@@ -55,7 +55,7 @@ func (l *Local) Refund(_ context.Context, key string, n int, id string) (bool, e
 var (
 	//go:embed refund.lua
 	refundLua    string
-	refundScript = redis.NewScript(refundLua)
+	refundScript = redis.NewScript(convertLua + refundLua)
 )
 
 // Refund takes back what id holds for key (see throttle.Refunder): the n
