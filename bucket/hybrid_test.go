@@ -98,8 +98,7 @@ func TestNewHybridErrors(t *testing.T) {
 	c := redistest.Shared(t).Client(t)
 	noCtx := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { _ = noCtx.Close() })
-	shortTimeouts := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: 20 * time.Millisecond, WriteTimeout: 20 * time.Millisecond})
-	t.Cleanup(func() { _ = shortTimeouts.Close() })
+	shortTimeouts := redistest.ShortTimeoutsClient(t)
 	tests := []struct {
 		name  string
 		c     redis.Scripter

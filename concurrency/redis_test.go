@@ -34,10 +34,10 @@ func TestNewRedisBadInput(t *testing.T) {
 		{"zero timeout", client, 1, []Option{WithTimeout(0)}, "WithTimeout"},
 		{"negative timeout", client, 1, []Option{WithTimeout(-time.Second)}, "WithTimeout"},
 		{"limit above 2^53", client, 1<<53 + 1, nil, "limit"},
-		{"Client without ContextTimeoutEnabled", noContextClient(t), 1, nil, "client"},
-		{"ClusterClient without ContextTimeoutEnabled", noContextCluster(t), 1, nil, "client"},
-		{"Ring without ContextTimeoutEnabled", noContextRing(t), 1, nil, "client"},
-		{"Read/WriteTimeout above WithTimeout", shortTimeoutsClient(t), 1, []Option{WithTimeout(10 * time.Millisecond)}, "client"},
+		{"Client without ContextTimeoutEnabled", redistest.NoContextClient(t), 1, nil, "client"},
+		{"ClusterClient without ContextTimeoutEnabled", redistest.NoContextCluster(t), 1, nil, "client"},
+		{"Ring without ContextTimeoutEnabled", redistest.NoContextRing(t), 1, nil, "client"},
+		{"Read/WriteTimeout above WithTimeout", redistest.ShortTimeoutsClient(t), 1, []Option{WithTimeout(10 * time.Millisecond)}, "client"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -331,32 +331,4 @@ func TestRedisTimeout(t *testing.T) {
 	if elapsed > 2*time.Second {
 		t.Fatalf("Acquire on a paused server took %v with a 100ms timeout", elapsed)
 	}
-}
-
-// noContextClient, noContextCluster and noContextRing return clients
-// created without ContextTimeoutEnabled (never dialled), which NewRedis
-// must refuse; shortTimeoutsClient one without it but with 20 ms read and
-// write timeouts.
-func noContextClient(t *testing.T) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func noContextCluster(t *testing.T) *redis.ClusterClient {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func noContextRing(t *testing.T) *redis.Ring {
-	c := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func shortTimeoutsClient(t *testing.T) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: 20 * time.Millisecond, WriteTimeout: 20 * time.Millisecond})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }

@@ -42,10 +42,10 @@ func TestNewRedisBadInput(t *testing.T) {
 		{"negative Count", client, throttle.Rate{Count: -1, Per: time.Second}, nil, "Rate.Count"},
 		{"brace in prefix", client, throttle.PerSecond(1), []Option{WithPrefix("a{b")}, "WithPrefix"},
 		{"Count above 2^53", client, throttle.Rate{Count: 1<<53 + 1, Per: time.Second}, nil, "Rate.Count"},
-		{"Client without ContextTimeoutEnabled", noContextClient(t), throttle.PerSecond(1), nil, "client"},
-		{"ClusterClient without ContextTimeoutEnabled", noContextCluster(t), throttle.PerSecond(1), nil, "client"},
-		{"Ring without ContextTimeoutEnabled", noContextRing(t), throttle.PerSecond(1), nil, "client"},
-		{"Read/WriteTimeout above WithTimeout", shortTimeoutsClient(t), throttle.PerSecond(1), []Option{WithTimeout(10 * time.Millisecond)}, "client"},
+		{"Client without ContextTimeoutEnabled", redistest.NoContextClient(t), throttle.PerSecond(1), nil, "client"},
+		{"ClusterClient without ContextTimeoutEnabled", redistest.NoContextCluster(t), throttle.PerSecond(1), nil, "client"},
+		{"Ring without ContextTimeoutEnabled", redistest.NoContextRing(t), throttle.PerSecond(1), nil, "client"},
+		{"Read/WriteTimeout above WithTimeout", redistest.ShortTimeoutsClient(t), throttle.PerSecond(1), []Option{WithTimeout(10 * time.Millisecond)}, "client"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,7 +65,7 @@ func TestNewRedisBadInput(t *testing.T) {
 		}
 	})
 	t.Run("Read/WriteTimeout within WithTimeout", func(t *testing.T) {
-		if _, err := NewRedis(shortTimeoutsClient(t), throttle.PerSecond(1), WithTimeout(20*time.Millisecond)); err != nil {
+		if _, err := NewRedis(redistest.ShortTimeoutsClient(t), throttle.PerSecond(1), WithTimeout(20*time.Millisecond)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -444,34 +444,6 @@ func TestRedisStoreFailure(t *testing.T) {
 	if err != nil || !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("Allow after Restart = %+v, %v; want admitted with Remaining 9", d, err)
 	}
-}
-
-// noContextClient, noContextCluster and noContextRing return clients
-// created without ContextTimeoutEnabled (never dialled), which NewRedis
-// must refuse; shortTimeoutsClient one without it but with 20 ms read and
-// write timeouts.
-func noContextClient(t *testing.T) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func noContextCluster(t *testing.T) *redis.ClusterClient {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func noContextRing(t *testing.T) *redis.Ring {
-	c := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func shortTimeoutsClient(t *testing.T) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: 20 * time.Millisecond, WriteTimeout: 20 * time.Millisecond})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 // TestRedisReservationTTL: a key with reservations lives until its
