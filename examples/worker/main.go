@@ -17,7 +17,9 @@
 //
 // -redis local starts a redis-server from PATH on a free loopback port
 // for the run (stopped at the end), with persistence (appendonly yes,
-// appendfsync always) in a temporary directory. -faults LIST injects,
+// appendfsync always) in a temporary directory when the run injects
+// kill-redis, without it otherwise (an fsync per write slows every
+// decision). -faults LIST injects,
 // one after the other and spread over the trace, kill-redis (SIGKILL,
 // restart on the same port 2 s later) and pause-redis (SIGSTOP for 3 s),
 // which need -redis local; kill-worker (SIGKILL to one worker process of
@@ -226,7 +228,7 @@ func main() {
 	flag.StringVar(&cfg.RatesPath, "rates", "", "per-tenant quotas `FILE`: lines \"TENANT COUNT/PERIOD [burst N]\", over -rate and the jobs file; with -redis they go to a Redis hash that HSET changes during the run")
 	flag.StringVar(&cfg.Limiter, "limiter", cfg.Limiter, "limiter `family`: window (sliding window log), bucket (token bucket) or hybrid (token bucket deciding locally on tokens leased from Redis; needs -redis)")
 	flag.IntVar(&cfg.Burst, "burst", 0, "bucket capacity `N` for -limiter bucket or hybrid (default: each tenant's rate count)")
-	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs; \"local\" starts a redis-server from PATH on a free loopback port, with persistence, for the run (default: in-process limiters, NATS only)")
+	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs; \"local\" starts a redis-server from PATH on a free loopback port for the run (with persistence when -faults has kill-redis) (default: in-process limiters, NATS only)")
 	flag.IntVar(&cfg.Instances, "instances", cfg.Instances, "`N` > 1 runs N worker processes on the NATS server and the Redis limiter (needs -redis; NATS only)")
 	flag.StringVar(&cfg.NATSURL, "nats", "", "NATS `URL` of a JetStream server (default: embedded server in a temp dir)")
 	flag.StringVar(&cfg.Trace, "trace", "", "`exporter` of the spans: \"stdout\" prints them with the OpenTelemetry stdout exporter (default: no tracing)")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +104,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		return report{}, err
 	}
 	if cfg.RedisURL == redisLocal {
-		if fs.redis, err = startLocalRedis(); err != nil {
+		if fs.redis, err = startLocalRedis(slices.Contains(fs.kinds, faultKillRedis)); err != nil {
 			return report{}, err
 		}
 		defer fs.redis.stop() // after everything that uses it
