@@ -9,6 +9,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 )
@@ -20,6 +21,7 @@ var takeScript = redisscript.New(convertLua + bucketLua)
 // bucket, at most max.
 type takeReq struct {
 	key            string     // the Redis key of the bucket's hash
+	pause          string     // and of its pause (key + pause.Suffix, one allocation with key)
 	lim            *keyLimits // the key's quota's (see WithQuotas)
 	argMin, argMax any
 	min, max       int
@@ -42,13 +44,16 @@ const maxBatch = 256
 var (
 	argKeys2 any = "2"
 	argTime  any = "" // now: the server's TIME
+
+	pauseSuffix = []byte(pause.Suffix) // for rediskey.KeyAnd
 )
 
 // take takes tokens of key's bucket (see takeReq), coalesced with the
 // calls of other goroutines: one script call per key for every request
 // queued behind a flush in flight (package internal/coalesce).
 func (l *Redis) take(ctx context.Context, key string, lim *keyLimits, min, max int) (int, int64, int64, error) {
-	t, err := l.batch.Do(ctx, takeReq{key: l.key(key), lim: lim, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max})
+	k, p := rediskey.KeyAnd(l.prefix, key, pauseSuffix)
+	t, err := l.batch.Do(ctx, takeReq{key: k, pause: p, lim: lim, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max})
 	return t.granted, t.credit, t.paused, err
 }
 
@@ -57,7 +62,7 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 	if err := l.ready(ctx); err != nil {
 		return taken{}, err
 	}
-	args := l.header(make([]any, 0, 11), r.key, r.lim)
+	args := l.header(make([]any, 0, 11), r)
 	cmd := redis.NewIntSliceCmd(ctx, append(args, r.argMin, r.argMax)...)
 	if err := takeScript.Run(ctx, l.client, cmd); err != nil {
 		return taken{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
@@ -81,7 +86,7 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 	for i, g := range groups {
 		// A key's requests go under the first one's quota: they differ
 		// only if the quota changed while they were queued.
-		args := l.header(make([]any, 0, 9+2*len(g)), g[0].Req.key, g[0].Req.lim)
+		args := l.header(make([]any, 0, 9+2*len(g)), g[0].Req)
 		for _, c := range g {
 			args = append(args, c.Req.argMin, c.Req.argMax)
 		}
@@ -107,10 +112,10 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 	}
 }
 
-// header starts bucket.lua's EVALSHA for key under lim: keys (the hash
-// and its pause) and ARGV[1] to ARGV[4].
-func (l *Redis) header(args []any, key string, lim *keyLimits) []any {
-	args = append(takeScript.Start(args), argKeys2, key, key+pause.Suffix, lim.argPer, lim.argCount, lim.argCap)
+// header starts bucket.lua's EVALSHA for r's key under its quota: keys
+// (the hash and its pause) and ARGV[1] to ARGV[4].
+func (l *Redis) header(args []any, r takeReq) []any {
+	args = append(takeScript.Start(args), argKeys2, r.key, r.pause, r.lim.argPer, r.lim.argCount, r.lim.argCap)
 	if l.clock == nil {
 		return append(args, argTime)
 	}

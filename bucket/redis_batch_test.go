@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
@@ -41,7 +42,7 @@ func TestBatchTakesAsOneByOne(t *testing.T) {
 				t.Fatal(err)
 			}
 			granted += want[i].granted
-			calls[i] = &takeCall{Req: takeReq{key: l.key("batched " + key), lim: l.lims.def, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}}
+			calls[i] = &takeCall{Req: takeReq{key: l.key("batched " + key), pause: l.key("batched "+key) + pause.Suffix, lim: l.lims.def, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}}
 		}
 		l.takeMany(ctx, calls)
 		for i, c := range calls {
