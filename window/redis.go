@@ -198,19 +198,18 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member string, ho
 // request checks a decision's input and builds it, with key's quota.
 func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
 	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
-	// The key, its pause and hint keys and AllowN's fresh member, in one
-	// allocation: the hint key starts with the pause key, which starts
-	// with the key.
-	var buf [len(hintSuffix) + 17 + 13]byte
-	suffix := append(buf[:0], hintSuffix...)
+	// The key, its pause, hint and newest-reservation keys and AllowN's
+	// fresh member, in one allocation: each key starts with the one before.
+	var buf [len(newestSuffix) + 17 + 13]byte
+	suffix := append(buf[:0], newestSuffix...)
 	fresh := horizon == argAllowN
 	if fresh {
 		suffix = l.member.appendNext(suffix)
 	}
 	k, s := rediskey.KeyAnd(l.prefix, key, suffix)
-	r.key, r.pause, r.hint = k, s[:len(k)+len(pause.Suffix)], s[:len(k)+len(hintSuffix)]
+	r.key, r.pause, r.hint, r.newest = k, s[:len(k)+len(pause.Suffix)], s[:len(k)+len(hintSuffix)], s[:len(k)+len(newestSuffix)]
 	if fresh {
-		r.member = s[len(r.hint):]
+		r.member = s[len(r.newest):]
 	}
 	if l.quotas != nil {
 		q, err := quotaOf(l.quotas, l.rate, key)
@@ -236,12 +235,13 @@ func (l *Redis) request(key string, n int, member string, horizon any) (request,
 	return r, nil
 }
 
-// floorSuffix and hintSuffix name the clock-floor and hint keys beside a
-// key's sorted set (after its hash tag, so in the same slot; no
-// sorted-set key ends with them).
+// floorSuffix, hintSuffix and newestSuffix name the clock-floor, hint and
+// newest-reservation keys beside a key's sorted set (after its hash tag,
+// so in the same slot; no sorted-set key ends with them).
 const (
-	floorSuffix = ":floor"
-	hintSuffix  = pause.Suffix + ":hint" // after the pause key's (see request)
+	floorSuffix  = ":floor"
+	hintSuffix   = pause.Suffix + ":hint" // after the pause key's (see request)
+	newestSuffix = hintSuffix + ":newest" // after the hint key's
 )
 
 var errReply = errors.New("window: redis: unexpected script reply")

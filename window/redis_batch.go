@@ -20,6 +20,7 @@ type request struct {
 	key      string // the Redis key of the sorted set
 	pause    string // and of its pause
 	hint     string // and of its hint (see window.lua)
+	newest   string // and of its newest reservation (see window.lua)
 	argWin   any    // window, µs, and limit: the key's quota, as strings
 	argLimit any
 	limit    int
@@ -46,8 +47,8 @@ type groupID struct {
 const maxBatch = 256
 
 var (
-	argKeys3 any = "3"
 	argKeys4 any = "4"
+	argKeys5 any = "5"
 	argTime  any = "" // now: the server's TIME
 	argExact any = "0"
 )
@@ -122,13 +123,14 @@ func (l *Redis) ready(ctx context.Context) error {
 }
 
 // header starts the EVALSHA of r's key: the script, the keys (the sorted
-// set, its hint, its pause and, with a client clock, its floor) and ARGV[1]
+// set, its hint, its pause, its newest reservation and, with a client
+// clock, its floor) and ARGV[1]
 // to ARGV[5] (window, limit, now, whether the reading was inexact, and
 // the instant after which the script must apply nothing).
 func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	args = windowScript.Start(args)
 	if l.clock == nil {
-		return append(args, argKeys3, r.key, r.hint, r.pause, r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
+		return append(args, argKeys4, r.key, r.hint, r.pause, r.newest, r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
 	}
 	now, slack := instant(l.clock.Now(), 0)
 	inexact := argExact
@@ -137,7 +139,7 @@ func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	}
 	// A client clock: the script does not read TIME, so it cannot tell
 	// that it runs late.
-	return append(args, argKeys4, r.key, r.hint, r.pause, r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
+	return append(args, argKeys5, r.key, r.hint, r.pause, r.newest, r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
 }
 
 // lateSlack is how late, after its caller's deadline, a script may still

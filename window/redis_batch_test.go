@@ -17,7 +17,9 @@ import (
 )
 
 // TestBatchDecidesAsOneByOne sends random batches (AllowN, AllowID with ids
-// reused, Peek, costs 1-3, horizons, two keys) as coalesced flushes of
+// reused or new, some twice in one batch, Peek, costs 1-3, horizons, two
+// keys; half of them without Peek and small, as the script's fast path
+// takes them) as coalesced flushes of
 // window.Redis, and the same requests one after another to window.Memory
 // at the same instant: every decision must be the same. So a batch
 // decides exactly as its requests made one by one at the flush instant.
@@ -37,15 +39,26 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 			costs := map[string]int{}
 			kinds := map[string]int{}
 			at := time.Duration(0)
-			for step := range 150 {
-				at += time.Duration(rng.IntN(300_000)) * time.Microsecond
-				clock.Set(throttletest.T0.Add(at))
+			fastLike, twice := 0, 0 // batches the fast path may take; new ids twice in one
+			for step := range 250 {
+				small := rng.IntN(2) == 0
 				k := 1 + rng.IntN(12)
+				gap := 300_000
+				if small {
+					k, gap = 1+rng.IntN(4), 1_500_000 // room for all of them, often
+				}
+				at += time.Duration(rng.IntN(gap)) * time.Microsecond
+				clock.Set(throttletest.T0.Add(at))
 				calls := make([]*call, k)
 				want := make([]throttle.Decision, k)
+				fresh := map[string]int{} // new ids of this batch, and how often
 				for i := range calls {
 					key := []string{"a", "b"}[rng.IntN(2)]
 					id := fmt.Sprint("job-", rng.IntN(40))
+					if small && rng.IntN(2) == 0 {
+						id = fmt.Sprint("new-", step, "-", rng.IntN(3))
+						fresh[id]++
+					}
 					if _, ok := costs[id]; !ok {
 						costs[id] = 1 + rng.IntN(3)
 					}
@@ -53,6 +66,9 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 					horizon := []time.Duration{0, 2 * time.Second, 5 * time.Second}[rng.IntN(3)]
 					var req request
 					kind := rng.IntN(6)
+					if small && kind == 1 {
+						kind = 0 // no Peek
+					}
 					switch kind {
 					case 0:
 						want[i], err = mem.AllowN(ctx, key, n)
@@ -77,6 +93,20 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 					calls[i] = &call{Req: req}
 				}
 				red.many(ctx, calls)
+				allowed := 0
+				for _, d := range want {
+					if d.Allowed {
+						allowed++
+					}
+				}
+				if small && allowed == k {
+					fastLike++
+				}
+				for _, times := range fresh {
+					if times > 1 {
+						twice++
+					}
+				}
 				for i, c := range calls {
 					if c.Err != nil {
 						t.Fatalf("step %d, request %d: %v", step, i, c.Err)
@@ -88,8 +118,8 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 					}
 				}
 			}
-			if kinds["AllowN"] < 50 || kinds["Peek"] < 50 {
-				t.Fatalf("kinds %v: the replay does not exercise every kind", kinds)
+			if kinds["AllowN"] < 50 || kinds["Peek"] < 50 || fastLike < 20 || twice < 10 {
+				t.Fatalf("kinds %v, %d small batches all admitted, %d new ids twice in a batch: the replay does not exercise every kind", kinds, fastLike, twice)
 			}
 		})
 	}

@@ -11,7 +11,11 @@
 --          slot; see hinted below).
 -- KEYS[3]  the key's pause (see pause.Suffix): the instant, µs, until which
 --          every request is rejected; missing when not paused.
--- KEYS[4]  with a client clock (ARGV[3] not empty) only: the key's clock
+-- KEYS[4]  the key's newest reservation: an instant, µs, no earlier than
+--          every reserved unit (a string key in the same slot; missing or
+--          not after now: no unit lies after now). Only reservations lie
+--          after now, so without one an admission's reset is the window.
+-- KEYS[5]  with a client clock (ARGV[3] not empty) only: the key's clock
 --          floor, the newest admission instant (a string key in the same
 --          slot).
 -- ARGV[1]  window, µs (integer).
@@ -67,7 +71,7 @@
 -- as the one before it (a rejection of AllowN writes nothing).
 
 local key = KEYS[1]
-local floorKey = KEYS[4]
+local floorKey = KEYS[5]
 local window = tonumber(ARGV[1])
 local nominal = window
 local limit = tonumber(ARGV[2])
@@ -96,7 +100,10 @@ end
 
 -- Paused (Pause): reject every request, writing nothing; retry_after is
 -- the time left, reset_after covers the newest unit as well.
-local pausedUntil = tonumber(redis.call("GET", KEYS[3]))
+local got = redis.call("MGET", KEYS[3], KEYS[4])
+local pausedUntil = tonumber(got[1])
+-- newestReserved bounds every reserved unit from above (KEYS[4]).
+local newestReserved = tonumber(got[2]) or 0
 if pausedUntil and pausedUntil > now then
 	local left = pausedUntil - now
 	local reset = left
@@ -110,6 +117,114 @@ if pausedUntil and pausedUntil > now then
 		out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
 	end
 	return out
+end
+
+-- The fast path: a batch of AllowN and AllowID requests with new ids
+-- (none in the set, none twice) that all fit now. Its results are those
+-- of decide() one after another: each admits at now, as it would, and
+-- the drops of units out of the window and its grace (the smallest grace
+-- of the batch, as the requests one by one would leave it) change no
+-- count and, with no known id, no claim. Built without closures or
+-- tables per request: it is most calls' whole script.
+local function newestUnit()
+	if newestReserved <= now then
+		return now
+	end
+	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
+	if top and tonumber(top) > now then
+		return tonumber(top)
+	end
+	return now
+end
+
+local stored -- AllowN's count of the set (see the batch below), nil: unknown
+do
+	local total, grace, ids, fast = 0, 10000000, nil, true
+	for i = 6, #ARGV, 3 do
+		local h = tonumber(ARGV[i + 2])
+		if h == -2 then
+			fast = false
+			break
+		end
+		total = total + tonumber(ARGV[i])
+		if h == -1 then
+			grace = 0
+		else
+			grace = math.min(grace, h)
+			ids = ids or {}
+			ids[#ids + 1] = "A1:" .. ARGV[i + 1]
+			ids[#ids + 1] = "R1:" .. ARGV[i + 1]
+		end
+	end
+	if fast and ids then
+		local seen = {}
+		for j = 1, #ids, 2 do
+			if seen[ids[j]] then
+				fast = false
+				break
+			end
+			seen[ids[j]] = true
+		end
+		if fast then
+			local scores = redis.call("ZMSCORE", key, unpack(ids))
+			for j = 1, #ids do
+				if scores[j] then
+					fast = false
+					break
+				end
+			end
+		end
+	end
+	if fast then
+		redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
+		local count
+		if grace == 0 then
+			count = redis.call("ZCARD", key)
+			stored = count
+		else
+			count = redis.call("ZCOUNT", key, "(" .. string.format("%d", now - window), "+inf")
+		end
+		if count + total <= limit then
+			local args, out = {}, {}
+			local reset = newestUnit() + nominal - now
+			local held = count
+			for i = 6, #ARGV, 3 do
+				local n = tonumber(ARGV[i])
+				local base = ARGV[i + 1]
+				local id = ARGV[i + 2] ~= "-1"
+				for j = 1, n do
+					if #args == 1000 then -- keeps unpack() within Lua's stack limit
+						redis.call("ZADD", key, unpack(args))
+						args = {}
+					end
+					args[#args + 1] = now
+					if id then
+						args[#args + 1] = "A" .. j .. ":" .. base
+					elseif n == 1 then
+						args[#args + 1] = base
+					else
+						args[#args + 1] = base .. ":" .. j
+					end
+				end
+				held = held + n
+				local k = #out
+				out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = 1, limit - held, 0, reset, 0
+			end
+			redis.call("ZADD", key, unpack(args))
+			local keep = 0
+			if ids then
+				keep = 10000000 -- lateGrace: an id is known that long (see decide)
+			end
+			local ms = math.ceil((window + keep) / 1000)
+			if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+				redis.call("PEXPIRE", key, ms, "GT")
+			end
+			if floorKey then
+				redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
+			end
+			return out
+		end
+	end
 end
 
 -- excl is the exclusive score bound "(x" (string.format keeps every digit,
@@ -204,20 +319,13 @@ local function decide(n, base, horizon)
 		if not (known and (known[1] or known[2])) then
 			redis.call("ZADD", key, now, member)
 			local ms = math.ceil((window + keep) / 1000)
-			local later
-			if count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1 then
-				later = false
-			else
-				later = redis.call("PEXPIRE", key, ms, "GT") == 0
+			if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+				redis.call("PEXPIRE", key, ms, "GT")
 			end
 			if floorKey then
 				redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
 			end
-			local reset = nominal
-			if later then
-				reset = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]) + nominal - now
-			end
-			return {1, limit - count - 1, 0, reset, 0}
+			return {1, limit - count - 1, 0, newestUnit() + nominal - now, 0}
 		end
 	end
 
@@ -248,21 +356,18 @@ local function decide(n, base, horizon)
 	end
 
 	-- expire makes the key live until its newest unit at score leaves the
-	-- window and, for AllowID, the longest grace after it (the same for every
-	-- call, so that a later expiry means a later unit); fresh: the key may not
-	-- have existed before this call wrote it (nothing was counted), so may
-	-- have no expiry. It reports whether the key already lived longer: then
-	-- a unit newer than score may be there.
+	-- window and, for AllowID, the longest grace after it; fresh: the key
+	-- may not have existed before this call wrote it (nothing was counted),
+	-- so may have no expiry.
 	local function expire(score, fresh)
 		local keep = 0
 		if withID then
 			keep = 10000000
 		end
 		local ms = math.ceil((score + window + keep - now) / 1000)
-		if fresh and redis.call("PEXPIRE", key, ms, "NX") == 1 then
-			return false
+		if not (fresh and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+			redis.call("PEXPIRE", key, ms, "GT")
 		end
-		return redis.call("PEXPIRE", key, ms, "GT") == 0
 	end
 
 	local function newest()
@@ -283,15 +388,11 @@ local function decide(n, base, horizon)
 		else
 			zadd(now, nil)
 		end
-		local later = expire(now, fresh)
+		expire(now, fresh)
 		if floorKey then
 			redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
 		end
-		local reset = nominal
-		if later then
-			reset = newest() + nominal - now
-		end
-		return {1, math.max(limit - count, 0), 0, reset, 0}
+		return {1, math.max(limit - count, 0), 0, newestUnit() + nominal - now, 0}
 	end
 
 	local function reject(slot, reserve)
@@ -299,6 +400,10 @@ local function decide(n, base, horizon)
 			local fresh = count == 0
 			zadd(slot, "R")
 			expire(slot, fresh)
+			if slot > newestReserved then
+				newestReserved = slot
+				redis.call("SET", KEYS[4], string.format("%d", slot), "PX", math.ceil((slot - now + window) / 1000))
+			end
 		end
 		return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
 	end
@@ -445,7 +550,6 @@ end
 -- not yet written (npending of them), whose replies at pendingAt may need
 -- a later reset once written.
 local out = {}
-local stored
 local pending, npending, pendingAt = {}, 0, {}
 local rejected -- {n, reply}: the last AllowN rejection, while nothing was written since
 
@@ -464,22 +568,17 @@ local function write()
 	end
 	redis.call("ZADD", key, unpack(args))
 	local ms = math.ceil(window / 1000)
-	local later
-	if stored == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1 then
-		later = false
-	else
-		later = redis.call("PEXPIRE", key, ms, "GT") == 0
+	if not (stored == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+		redis.call("PEXPIRE", key, ms, "GT")
 	end
 	if floorKey then
 		redis.call("SET", floorKey, now, "PX", ms)
 	end
-	if later then
-		-- The key lived longer: a reservation may be newer than now.
-		local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
-		if top > now then
-			for _, at in ipairs(pendingAt) do
-				out[at + 3] = top + nominal - now
-			end
+	local top = newestUnit()
+	if top > now then
+		-- A reservation is newer than the units just admitted.
+		for _, at in ipairs(pendingAt) do
+			out[at + 3] = top + nominal - now
 		end
 	end
 	stored = stored + npending
@@ -515,7 +614,12 @@ for i = 6, #ARGV, 3 do
 		else
 			write()
 			reply = decide(n, base, horizon)
-			rejected = {n, reply}
+			if reply[1] == 1 then
+				-- Admitted in a gap before reservations: written.
+				stored, rejected = nil, nil
+			else
+				rejected = {n, reply}
+			end
 		end
 	else
 		write()
