@@ -91,14 +91,20 @@
 //
 // Decisions are coalesced (group commit): a call that finds no other in
 // flight goes at once, alone; while calls are in flight, the decisions
-// of other goroutines queue, and the next flush sends them together, one
-// script call per key carrying that key's requests in arrival order
-// (pipelined when the keys differ), at most 256 per flush. The script
-// decides them one after another at one instant, with exactly the
-// results of the same calls made one by one then; the admissions of
-// AllowN that fit are written with one ZADD. So under load Redis runs
-// the script once per key and flush, not once per decision: with 500
-// goroutines on one key, 500 decisions took 4 script calls. A slot search
+// of other goroutines queue, and the next flush sends them together, at
+// most 256 per flush, each key's requests in arrival order. On a
+// *redis.Client one script call carries every key of the flush; on a
+// *redis.ClusterClient, a *redis.Ring or any other client (which route by
+// key) there is one script call per key, pipelined, and so it is on a
+// *redis.Client once a server refuses keys of several cluster slots in
+// one call (CROSSSLOT, as a proxy in front of a cluster does; nothing ran,
+// so the flush is sent again key by key). The script decides the
+// requests one after another at one instant, with exactly the results of
+// the same calls made one by one then. A flush whose requests all fit
+// (AllowN, and AllowID with new ids) takes a fast path: one ZMSCORE for
+// the ids, one ZADD and one PEXPIRE per key. So under load Redis runs the
+// script once per flush, not once per decision: with 500 goroutines on
+// one key, 500 decisions took 4 script calls. A slot search
 // (for a rejection behind reservations) starts where the last one found
 // no room, kept in a third key of the slot (the hint), so a flood of
 // reservations does not search the same full windows again at every
@@ -119,8 +125,10 @@
 // answers 429 (natsthrottle.Backoff, asynqthrottle.Backoff). [Redis] keeps
 // the pause in a string key beside the sorted set, prefix + "{" + tag +
 // "}:pause", holding the instant the pause ends, so every process sharing
-// the Redis sees it; window.lua reads it with one GET per script call (a
-// coalesced batch shares it; one round trip still), and it expires when the pause ends. [Memory] keeps
+// the Redis sees it; window.lua reads it with the newest reservation of
+// each key (a fourth key of the slot, so that an admission's ResetAfter
+// needs no look at the set when nothing is reserved) in one MGET per
+// script call, and it expires when the pause ends. [Memory] keeps
 // its pauses apart from the logs, so the sweep of idle keys never forgets
 // one. Pause refuses d <= 0 with an error naming "d".
 //

@@ -63,8 +63,13 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 		return throttle.Decision{}, err
 	}
 	buf := argsPool.Get().(*[]any)
-	args := l.header(ctx, (*buf)[:0], r)
-	args = append(args, r.argN, r.member, r.horizon)
+	args := windowScript.Start((*buf)[:0])
+	numKeys := argKeys4
+	if l.clock != nil {
+		numKeys = argKeys5
+	}
+	args = l.keys(append(args, numKeys), r)
+	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, argOne, r.argN, r.member, r.horizon)
 	defer func() { // the command is done with its arguments
 		clear(args)
 		*buf = args[:0]
@@ -79,8 +84,11 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	return d[0], err
 }
 
-// many decides a batch: one script call per key (and quota), carrying
-// that key's requests in arrival order, pipelined when there are several.
+// many decides a batch: its requests grouped by key (and quota), in
+// arrival order within each key. Unless the client is known to refuse
+// keys of several cluster slots in one call (see Redis.singleKey), one
+// script call carries every key; else there is one call per key,
+// pipelined.
 func (l *Redis) many(ctx context.Context, calls []*call) {
 	if err := l.ready(ctx); err != nil {
 		for _, c := range calls {
@@ -89,27 +97,81 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 		return
 	}
 	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} })
+	if len(groups) > 1 && !l.singleKey.Load() {
+		cmd := l.command(ctx, groups)
+		err := windowScript.Run(ctx, l.client, cmd)
+		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
+			l.settle(groups, cmd, err)
+			return
+		}
+		// A proxy in front of a cluster refused keys of several slots
+		// before running anything: one key per call from now on.
+		l.singleKey.Store(true)
+	}
 	cmds := make([]*redis.IntSliceCmd, len(groups))
-	for i, g := range groups {
-		args := l.header(ctx, make([]any, 0, 10+3*len(g)), g[0].Req)
+	for i := range groups {
+		cmds[i] = l.command(ctx, groups[i:i+1])
+	}
+	errs := windowScript.RunAll(ctx, l.client, cmds)
+	for i := range groups {
+		l.settle(groups[i:i+1], cmds[i], errs[i])
+	}
+}
+
+// command builds the script call of groups: the keys of each, the
+// clock's arguments, then each key's window, limit and requests.
+func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCmd {
+	n := 0
+	for _, g := range groups {
+		n += len(g)
+	}
+	per := l.keysPerWindow()
+	args := windowScript.Start(make([]any, 0, 6+(per+3)*len(groups)+3*n))
+	args = append(args, strconv.Itoa(per*len(groups)))
+	for _, g := range groups {
+		args = l.keys(args, g[0].Req)
+	}
+	args = l.clockArgs(ctx, args)
+	for _, g := range groups {
+		args = append(args, g[0].Req.argWin, g[0].Req.argLimit, strconv.Itoa(len(g)))
 		for _, c := range g {
 			args = append(args, c.Req.argN, c.Req.member, c.Req.horizon)
 		}
-		cmds[i] = redis.NewIntSliceCmd(ctx, args...)
 	}
-	errs := windowScript.RunAll(ctx, l.client, cmds)
-	for i, g := range groups {
-		err := errs[i]
+	return redis.NewIntSliceCmd(ctx, args...)
+}
+
+// settle hands each call of groups its decision from cmd's reply (five
+// integers per request, group after group), or the call's error.
+func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) {
+	v := cmd.Val()
+	if err != nil {
+		err = fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
+	} else if len(v) == 1 && v[0] == -1 {
+		err = errLate
+	}
+	for _, g := range groups {
 		d := make([]throttle.Decision, len(g))
-		if err != nil {
-			err = fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
-		} else {
-			err = decisions(cmds[i].Val(), d, g[0].Req.limit)
+		gerr := err
+		if gerr == nil {
+			k := min(5*len(g), len(v))
+			gerr = decisions(v[:k], d, g[0].Req.limit)
+			v = v[k:]
 		}
 		for j, c := range g {
-			c.Res, c.Err = d[j], err
+			c.Res, c.Err = d[j], gerr
 		}
 	}
+}
+
+// keysPerWindow is how many KEYS window.lua takes per window key: its
+// sorted set, hint, pause and newest reservation, and with a client clock
+// its floor.
+func (l *Redis) keysPerWindow() int {
+	if l.clock == nil {
+		return 4
+	}
+	return 5
 }
 
 func (l *Redis) ready(ctx context.Context) error {
@@ -122,15 +184,22 @@ func (l *Redis) ready(ctx context.Context) error {
 	return nil
 }
 
-// header starts the EVALSHA of r's key: the script, the keys (the sorted
-// set, its hint, its pause, its newest reservation and, with a client
-// clock, its floor) and ARGV[1]
-// to ARGV[5] (window, limit, now, whether the reading was inexact, and
-// the instant after which the script must apply nothing).
-func (l *Redis) header(ctx context.Context, args []any, r request) []any {
-	args = windowScript.Start(args)
+// keys appends r's keys for window.lua: its sorted set, hint, pause,
+// newest reservation and, with a client clock, its floor.
+func (l *Redis) keys(args []any, r request) []any {
+	args = append(args, r.key, r.hint, r.pause, r.newest)
+	if l.clock != nil {
+		args = append(args, r.key+floorSuffix)
+	}
+	return args
+}
+
+// clockArgs appends window.lua's ARGV[1] to ARGV[3]: now ("" for the
+// server's TIME), whether the reading was inexact, and the instant after
+// which the script must apply nothing.
+func (l *Redis) clockArgs(ctx context.Context, args []any) []any {
 	if l.clock == nil {
-		return append(args, argKeys4, r.key, r.hint, r.pause, r.newest, r.argWin, r.argLimit, argTime, argExact, l.expiry(ctx))
+		return append(args, argTime, argExact, l.expiry(ctx))
 	}
 	now, slack := instant(l.clock.Now(), 0)
 	inexact := argExact
@@ -139,7 +208,7 @@ func (l *Redis) header(ctx context.Context, args []any, r request) []any {
 	}
 	// A client clock: the script does not read TIME, so it cannot tell
 	// that it runs late.
-	return append(args, argKeys5, r.key, r.hint, r.pause, r.newest, r.key+floorSuffix, r.argWin, r.argLimit, strconv.FormatInt(now, 10), inexact, argNoExpiry)
+	return append(args, strconv.FormatInt(now, 10), inexact, argNoExpiry)
 }
 
 // lateSlack is how late, after its caller's deadline, a script may still

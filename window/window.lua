@@ -1,8 +1,11 @@
 -- window.lua: sliding-window-log decisions with reservations, atomically,
--- for one key: every request of a batch in order, at one instant, with
--- exactly the results of the same requests decided one after another.
--- The twin of schedule.go (window.Memory): every rule here is the same.
+-- for one or more keys: every request of a batch in order, at one
+-- instant, with exactly the results of the same requests decided one
+-- after another. The twin of schedule.go (window.Memory): every rule here
+-- is the same.
 --
+-- KEYS holds four keys per window key (five with a client clock), key
+-- after key; below, KEYS[1] to KEYS[5] are those of one key.
 -- KEYS[1]  the key's sorted set: one member per unit, scored by its
 --          instant in µs since the Unix epoch: admitted units at the
 --          instant they were admitted, reserved units at their future
@@ -15,28 +18,30 @@
 --          every reserved unit (a string key in the same slot; missing or
 --          not after now: no unit lies after now). Only reservations lie
 --          after now, so without one an admission's reset is the window.
--- KEYS[5]  with a client clock (ARGV[3] not empty) only: the key's clock
+-- KEYS[5]  with a client clock (ARGV[1] not empty) only: the key's clock
 --          floor, the newest admission instant (a string key in the same
 --          slot).
--- ARGV[1]  window, µs (integer).
--- ARGV[2]  limit: the most units any window may hold (integer >= 1).
--- ARGV[3]  now, µs, from the client's clock, clamped to the floor so that
---          admissions never move backwards; "" for the server's TIME
---          rounded up (and the window one µs longer).
--- ARGV[4]  "1": the client's reading had a part below the µs (ARGV[3] is
+-- ARGV[1]  now, µs, from the client's clock, clamped to each key's floor
+--          so that admissions never move backwards; "" for the server's
+--          TIME rounded up (and the window one µs longer).
+-- ARGV[2]  "1": the client's reading had a part below the µs (ARGV[1] is
 --          rounded up), so the window is one µs longer; else "0".
--- ARGV[5]  with the server's TIME: an instant, µs, after which the script
+-- ARGV[3]  with the server's TIME: an instant, µs, after which the script
 --          applies nothing and returns {-1}: its caller has given up
 --          (Redis was stalled), and an admission nobody knows of must not
 --          count. "": none.
--- ARGV[6...] the requests, three arguments each:
---   n        the cost (1 <= n <= limit, checked by the caller).
---   member   AllowN: a member identity unique to this request; units are
---            stored as member (n == 1) or member..":"..i.
---            AllowID: the request's id; admitted units are stored as
---            "A"..i..":"..id and reserved ones as "R"..i..":"..id.
---   horizon  -1 for AllowN; -2 for Peek (AllowN's answer, nothing
---            written); else AllowID's reservation horizon, µs (>= 0).
+-- Then, key after key:
+--   window   µs (integer).
+--   limit    the most units any window may hold (integer >= 1).
+--   m        the number of requests for the key (>= 1), then m requests,
+--            three arguments each:
+--     n        the cost (1 <= n <= limit, checked by the caller).
+--     member   AllowN: a member identity unique to this request; units
+--              are stored as member (n == 1) or member..":"..i.
+--              AllowID: the request's id; admitted units are stored as
+--              "A"..i..":"..id and reserved ones as "R"..i..":"..id.
+--     horizon  -1 for AllowN; -2 for Peek (AllowN's answer, nothing
+--              written); else AllowID's reservation horizon, µs (>= 0).
 --
 -- For each request: units count while score > now - window; they are
 -- dropped once score <= now - window - grace (grace: AllowID's horizon, at
@@ -54,11 +59,11 @@
 -- key's expiry to cover its newest unit and the grace (PEXPIRE NX and GT:
 -- Redis 7.0 or newer).
 --
--- Returns five integers per request, in order: allowed (0|1), remaining,
+-- Returns five integers per request, in order (key after key): allowed (0|1), remaining,
 -- retry_after_us, reset_after_us, reserved (0|1): remaining = limit -
 -- units held after the decision (reservations included), at least 0;
 -- retry_after_us = 0 when admitted, else the time to the slot;
--- reset_after_us = newest unit + ARGV[1] - now.
+-- reset_after_us = newest unit + window - now.
 --
 -- While KEYS[3] holds an instant after now the key is paused: every
 -- request is rejected at once, nothing written, with remaining 0,
@@ -70,64 +75,59 @@
 -- an AllowN rejection that nothing written since could change is answered
 -- as the one before it (a rejection of AllowN writes nothing).
 
-local key = KEYS[1]
-local floorKey = KEYS[5]
-local window = tonumber(ARGV[1])
-local nominal = window
-local limit = tonumber(ARGV[2])
-
-local now
-if ARGV[3] ~= "" then
-	now = tonumber(ARGV[3])
-	if ARGV[4] == "1" then
-		window = window + 1 -- the reading lay between two µs (see instant)
-	end
-	local floor = tonumber(redis.call("GET", floorKey))
-	if floor and floor > now then
-		now = floor
+local clientClock = ARGV[1] ~= ""
+local stride = 4 -- keys per window key
+local now0, slack
+if clientClock then
+	stride = 5
+	now0 = tonumber(ARGV[1])
+	slack = 0
+	if ARGV[2] == "1" then
+		slack = 1 -- the reading lay between two µs (see instant)
 	end
 else
 	-- TIME truncates to the µs: the real instant lies in [t, t+1µs), so
 	-- record admissions at t+1 and let units leave a µs later (see
 	-- instant in algorithm.go).
 	local t = redis.call("TIME")
-	now = t[1] * 1000000 + t[2] + 1
-	window = window + 1
-	if ARGV[5] ~= "" and now > tonumber(ARGV[5]) then
+	now0 = t[1] * 1000000 + t[2] + 1
+	slack = 1
+	if ARGV[3] ~= "" and now0 > tonumber(ARGV[3]) then
 		return {-1}
 	end
 end
 
--- Paused (Pause): reject every request, writing nothing; retry_after is
--- the time left, reset_after covers the newest unit as well.
-local got = redis.call("MGET", KEYS[3], KEYS[4])
-local pausedUntil = tonumber(got[1])
--- newestReserved bounds every reserved unit from above (KEYS[4]).
-local newestReserved = tonumber(got[2]) or 0
-if pausedUntil and pausedUntil > now then
-	local left = pausedUntil - now
-	local reset = left
-	local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
-	if top and top + nominal - now > reset then
-		reset = top + nominal - now
+-- The pauses and newest reservations of every key, in one call.
+local got
+do
+	local names = {}
+	for s = 0, #KEYS - 1, stride do
+		names[#names + 1] = KEYS[s + 3]
+		names[#names + 1] = KEYS[s + 4]
 	end
-	local out = {}
-	for _ = 6, #ARGV, 3 do -- one reply per request (ARGV[6...])
-		local j = #out
-		out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
-	end
-	return out
+	got = redis.call("MGET", unpack(names))
 end
 
--- The fast path: a batch of AllowN and AllowID requests with new ids
--- (none in the set, none twice) that all fit now. Its results are those
--- of decide() one after another: each admits at now, as it would, and
--- the drops of units out of the window and its grace (the smallest grace
--- of the batch, as the requests one by one would leave it) change no
--- count and, with no known id, no claim. Built without closures or
--- tables per request: it is most calls' whole script.
-local function newestUnit()
-	if newestReserved <= now then
+local out = {} -- five integers per request, key after key
+
+-- str returns x (an integer) as a decimal string, formatted once per
+-- script call: a number argument of redis.call would be formatted anew by
+-- every call (with %.17g, several times dearer).
+local strs = {}
+local function str(x)
+	local v = strs[x]
+	if not v then
+		v = string.format("%d", x)
+		strs[x] = v
+	end
+	return v
+end
+
+-- newestAfter returns the newest unit of key if it lies after now, else
+-- now. bound is its newest reservation (KEYS[4]): none after now means no
+-- unit after now, and no call.
+local function newestAfter(key, bound, now)
+	if bound <= now then
 		return now
 	end
 	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
@@ -137,500 +137,561 @@ local function newestUnit()
 	return now
 end
 
-local stored -- AllowN's count of the set (see the batch below), nil: unknown
-do
-	local total, grace, ids, fast = 0, 10000000, nil, true
-	for i = 6, #ARGV, 3 do
-		local h = tonumber(ARGV[i + 2])
-		if h == -2 then
-			fast = false
-			break
-		end
-		total = total + tonumber(ARGV[i])
-		if h == -1 then
-			grace = 0
-		else
-			grace = math.min(grace, h)
-			ids = ids or {}
-			ids[#ids + 1] = "A1:" .. ARGV[i + 1]
-			ids[#ids + 1] = "R1:" .. ARGV[i + 1]
+-- decideKey decides the requests of the key whose KEYS start after s and
+-- whose ARGV start at a; g is its place among the keys (from 1). It
+-- returns where the next key's ARGV start.
+local function decideKey(s, a, g)
+	local key = KEYS[s + 1]
+	local floorKey = clientClock and KEYS[s + 5] -- nil with the server's TIME
+	local nominal = tonumber(ARGV[a])
+	local window = nominal + slack
+	local limit = tonumber(ARGV[a + 1])
+	local first, last = a + 3, a + 2 + 3 * tonumber(ARGV[a + 2])
+	local now = now0
+	if floorKey then
+		local floor = tonumber(redis.call("GET", floorKey))
+		if floor and floor > now then
+			now = floor
 		end
 	end
-	if fast and ids then
-		local seen = {}
-		for j = 1, #ids, 2 do
-			if seen[ids[j]] then
+	local pausedUntil = tonumber(got[2 * g - 1])
+	-- newestReserved bounds every reserved unit from above (KEYS[4]).
+	local newestReserved = tonumber(got[2 * g]) or 0
+
+	-- Paused (Pause): reject every request, writing nothing; retry_after is
+	-- the time left, reset_after covers the newest unit as well.
+	if pausedUntil and pausedUntil > now then
+		local left = pausedUntil - now
+		local reset = left
+		local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+		if top and top + nominal - now > reset then
+			reset = top + nominal - now
+		end
+		for _ = first, last, 3 do -- one reply per request
+			local j = #out
+			out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
+		end
+		return last + 1
+	end
+
+	-- The fast path: a batch of AllowN and AllowID requests with new ids
+	-- (none in the set, none twice) that all fit now. Its results are those
+	-- of decide() one after another: each admits at now, as it would, and
+	-- the drops of units out of the window and its grace (the smallest grace
+	-- of the batch, as the requests one by one would leave it) change no
+	-- count and, with no known id, no claim. Built without closures or
+	-- tables per request: it is most calls' whole script.
+	local stored -- AllowN's count of the set (see the batch below), nil: unknown
+	do
+		local total, grace, ids, fast = 0, 10000000, nil, true
+		for i = first, last, 3 do
+			local h = ARGV[i + 2]
+			if h == "-2" then
 				fast = false
 				break
 			end
-			seen[ids[j]] = true
+			if ARGV[i] == "1" then
+				total = total + 1
+			else
+				total = total + tonumber(ARGV[i])
+			end
+			if h == "-1" then
+				grace = 0
+			else
+				grace = math.min(grace, tonumber(h))
+				ids = ids or {}
+				ids[#ids + 1] = "A1:" .. ARGV[i + 1]
+				ids[#ids + 1] = "R1:" .. ARGV[i + 1]
+			end
 		end
-		if fast then
-			local scores = redis.call("ZMSCORE", key, unpack(ids))
-			for j = 1, #ids do
-				if scores[j] then
+		if fast and ids then
+			local seen = {}
+			for j = 1, #ids, 2 do
+				if seen[ids[j]] then
 					fast = false
 					break
 				end
+				seen[ids[j]] = true
 			end
-		end
-	end
-	if fast then
-		redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
-		local count
-		if grace == 0 then
-			count = redis.call("ZCARD", key)
-			stored = count
-		else
-			count = redis.call("ZCOUNT", key, "(" .. string.format("%d", now - window), "+inf")
-		end
-		if count + total <= limit then
-			local args, out = {}, {}
-			local reset = newestUnit() + nominal - now
-			local held = count
-			for i = 6, #ARGV, 3 do
-				local n = tonumber(ARGV[i])
-				local base = ARGV[i + 1]
-				local id = ARGV[i + 2] ~= "-1"
-				for j = 1, n do
-					if #args == 1000 then -- keeps unpack() within Lua's stack limit
-						redis.call("ZADD", key, unpack(args))
-						args = {}
-					end
-					args[#args + 1] = now
-					if id then
-						args[#args + 1] = "A" .. j .. ":" .. base
-					elseif n == 1 then
-						args[#args + 1] = base
-					else
-						args[#args + 1] = base .. ":" .. j
+			if fast then
+				local scores = redis.call("ZMSCORE", key, unpack(ids))
+				for j = 1, #ids do
+					if scores[j] then
+						fast = false
+						break
 					end
 				end
-				held = held + n
-				local k = #out
-				out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = 1, limit - held, 0, reset, 0
 			end
-			redis.call("ZADD", key, unpack(args))
-			local keep = 0
-			if ids then
-				keep = 10000000 -- lateGrace: an id is known that long (see decide)
-			end
-			local ms = math.ceil((window + keep) / 1000)
-			if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
-				redis.call("PEXPIRE", key, ms, "GT")
-			end
-			if floorKey then
-				redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
-			end
-			return out
 		end
-	end
-end
-
--- excl is the exclusive score bound "(x" (string.format keeps every digit,
--- where concatenation would print a µs instant in %.14g).
-local function excl(x)
-	return "(" .. string.format("%d", x)
-end
-
--- The hint (KEYS[2]): "T c limit window", an instant T before which no
--- request of cost c or more fits, learnt by a slot search, so that the
--- next search starts at T: without it a flood of reservations would
--- search the same full windows again at every request. It holds while
--- units are only added or claimed (moved to the claim's instant): units
--- never leave an instant at or after now except when a claim re-reserves
--- later, which forgets the hint. It expires at T, and is kept only for
--- the same limit and a window no longer than the current one.
-local hintKey = KEYS[2]
-local hintT, hintC -- the hint, read once per call; hintT false: none
-
-local function readHint()
-	if hintT ~= nil then
-		return
-	end
-	hintT = false
-	local v = redis.call("GET", hintKey)
-	if v then
-		local t, c, lim, win = string.match(v, "^(%d+) (%d+) (%d+) (%d+)$")
-		if t and tonumber(lim) == limit and tonumber(win) <= window then
-			hintT, hintC = tonumber(t), tonumber(c)
-		end
-	end
-end
-
--- hinted returns the instant from which a request of cost n may fit.
-local function hinted(n)
-	readHint()
-	if hintT and hintC <= n and hintT > now then
-		return hintT
-	end
-	return now
-end
-
--- remember records that nothing of cost n fits before slot, unless the
--- hint already says more.
-local function remember(slot, n)
-	readHint()
-	if hintT and hintT > now and (slot < hintT or n > hintC) then
-		return
-	end
-	hintT, hintC = slot, n
-	redis.call("SET", hintKey, string.format("%d %d %d %d", slot, n, limit, window), "PX", math.ceil((slot - now) / 1000))
-end
-
-local function forget()
-	redis.call("DEL", hintKey)
-	hintT = false
-end
-
--- decide is one request, on the set as it is (pending written first).
-local function decide(n, base, horizon)
-	local withID = horizon >= 0
-	local peek = horizon == -2
-	-- A reservation that left the window unclaimed can still be claimed,
-	-- with its priority, for this long (lateGrace in schedule.go): its
-	-- units stay in the set, uncounted, until then.
-	local grace = 0
-	if withID then
-		grace = math.min(horizon, 10000000)
-	end
-
-
-	if not peek then
-		redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
-	end
-	local count
-	if grace == 0 and not peek then
-		count = redis.call("ZCARD", key)
-	else
-		count = redis.call("ZCOUNT", key, excl(now - window), "+inf")
-	end
-
-	-- The hot path, straight-line (the helpers below are closures, built on
-	-- every call): one unit of AllowN, or of AllowID with a new id, that fits.
-	-- It does what admit() does.
-	local known -- AllowID: ZMSCORE of the id's admitted and reserved units
-	if n == 1 and count < limit and not peek then
-		local member, keep = base, 0
-		if withID then
-			known = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
-			member, keep = "A1:" .. base, 10000000
-		end
-		if not (known and (known[1] or known[2])) then
-			redis.call("ZADD", key, now, member)
-			local ms = math.ceil((window + keep) / 1000)
-			if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
-				redis.call("PEXPIRE", key, ms, "GT")
+		if fast then
+			redis.call("ZREMRANGEBYSCORE", key, "-inf", str(now - window - grace))
+			local count
+			if grace == 0 then
+				count = redis.call("ZCARD", key)
+				stored = count
+			else
+				count = redis.call("ZCOUNT", key, "(" .. str(now - window), "+inf")
 			end
-			if floorKey then
-				redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
-			end
-			return {1, limit - count - 1, 0, newestUnit() + nominal - now, 0}
-		end
-	end
-
-	-- Batches keep unpack() well inside Lua's stack limit.
-	local function zadd(score, prefix)
-		local args = {}
-		local i = 1
-		while i <= n do
-			local j = 0
-			while j < 500 and i <= n do
-				args[2 * j + 1] = score
-				if prefix then
-					args[2 * j + 2] = prefix .. i .. ":" .. base
-				elseif n == 1 then
-					args[2 * j + 2] = base
-				else
-					args[2 * j + 2] = base .. ":" .. i
+			if count + total <= limit then
+				local args, k = {}, 0
+				local at = str(now)
+				local reset = newestAfter(key, newestReserved, now) + nominal - now
+				local held = count
+				local o = #out
+				for i = first, last, 3 do
+					local n = tonumber(ARGV[i])
+					local base = ARGV[i + 1]
+					local id = ARGV[i + 2] ~= "-1"
+					for j = 1, n do
+						if k == 1000 then -- keeps unpack() within Lua's stack limit
+							redis.call("ZADD", key, unpack(args))
+							args, k = {}, 0
+						end
+						args[k + 1] = at
+						if id then
+							args[k + 2] = "A" .. j .. ":" .. base
+						elseif n == 1 then
+							args[k + 2] = base
+						else
+							args[k + 2] = base .. ":" .. j
+						end
+						k = k + 2
+					end
+					held = held + n
+					out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 1, limit - held, 0, reset, 0
+					o = o + 5
 				end
-				j = j + 1
-				i = i + 1
+				redis.call("ZADD", key, unpack(args))
+				local keep = 0
+				if ids then
+					keep = 10000000 -- lateGrace: an id is known that long (see decide)
+				end
+				local ms = str(math.ceil((window + keep) / 1000))
+				if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+					redis.call("PEXPIRE", key, ms, "GT")
+				end
+				if floorKey then
+					redis.call("SET", floorKey, at, "PX", str(math.ceil(window / 1000)))
+				end
+				return last + 1
 			end
-			for m = 2 * j + 1, #args do
-				args[m] = nil
-			end
-			redis.call("ZADD", key, unpack(args))
-		end
-		count = count + n
-	end
-
-	-- expire makes the key live until its newest unit at score leaves the
-	-- window and, for AllowID, the longest grace after it; fresh: the key
-	-- may not have existed before this call wrote it (nothing was counted),
-	-- so may have no expiry.
-	local function expire(score, fresh)
-		local keep = 0
-		if withID then
-			keep = 10000000
-		end
-		local ms = math.ceil((score + window + keep - now) / 1000)
-		if not (fresh and redis.call("PEXPIRE", key, ms, "NX") == 1) then
-			redis.call("PEXPIRE", key, ms, "GT")
 		end
 	end
 
-	local function newest()
-		local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
-		if top then
-			return tonumber(top)
+	local function newestUnit()
+		return newestAfter(key, newestReserved, now)
+	end
+
+	-- excl is the exclusive score bound "(x" (string.format keeps every digit,
+	-- where concatenation would print a µs instant in %.14g).
+	local function excl(x)
+		return "(" .. string.format("%d", x)
+	end
+
+	-- The hint (the key's KEYS[2]): "T c limit window", an instant T before which no
+	-- request of cost c or more fits, learnt by a slot search, so that the
+	-- next search starts at T: without it a flood of reservations would
+	-- search the same full windows again at every request. It holds while
+	-- units are only added or claimed (moved to the claim's instant): units
+	-- never leave an instant at or after now except when a claim re-reserves
+	-- later, which forgets the hint. It expires at T, and is kept only for
+	-- the same limit and a window no longer than the current one.
+	local hintKey = KEYS[s + 2]
+	local hintT, hintC -- the hint, read once per call; hintT false: none
+
+	local function readHint()
+		if hintT ~= nil then
+			return
+		end
+		hintT = false
+		local v = redis.call("GET", hintKey)
+		if v then
+			local t, c, lim, win = string.match(v, "^(%d+) (%d+) (%d+) (%d+)$")
+			if t and tonumber(lim) == limit and tonumber(win) <= window then
+				hintT, hintC = tonumber(t), tonumber(c)
+			end
+		end
+	end
+
+	-- hinted returns the instant from which a request of cost n may fit.
+	local function hinted(n)
+		readHint()
+		if hintT and hintC <= n and hintT > now then
+			return hintT
 		end
 		return now
 	end
 
-	local function admit()
-		if peek then
-			return {1, math.max(limit - count - n, 0), 0, math.max(newest(), now) + nominal - now, 0}
+	-- remember records that nothing of cost n fits before slot, unless the
+	-- hint already says more.
+	local function remember(slot, n)
+		readHint()
+		if hintT and hintT > now and (slot < hintT or n > hintC) then
+			return
 		end
-		local fresh = count == 0
+		hintT, hintC = slot, n
+		redis.call("SET", hintKey, string.format("%d %d %d %d", slot, n, limit, window), "PX", math.ceil((slot - now) / 1000))
+	end
+
+	local function forget()
+		redis.call("DEL", hintKey)
+		hintT = false
+	end
+
+	-- decide is one request, on the set as it is (pending written first).
+	local function decide(n, base, horizon)
+		local withID = horizon >= 0
+		local peek = horizon == -2
+		-- A reservation that left the window unclaimed can still be claimed,
+		-- with its priority, for this long (lateGrace in schedule.go): its
+		-- units stay in the set, uncounted, until then.
+		local grace = 0
 		if withID then
-			zadd(now, "A")
+			grace = math.min(horizon, 10000000)
+		end
+
+
+		if not peek then
+			redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window - grace)
+		end
+		local count
+		if grace == 0 and not peek then
+			count = redis.call("ZCARD", key)
 		else
-			zadd(now, nil)
+			count = redis.call("ZCOUNT", key, excl(now - window), "+inf")
 		end
-		expire(now, fresh)
-		if floorKey then
-			redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
-		end
-		return {1, math.max(limit - count, 0), 0, newestUnit() + nominal - now, 0}
-	end
 
-	local function reject(slot, reserve)
-		if reserve then
+		-- The hot path, straight-line (the helpers below are closures, built on
+		-- every call): one unit of AllowN, or of AllowID with a new id, that fits.
+		-- It does what admit() does.
+		local known -- AllowID: ZMSCORE of the id's admitted and reserved units
+		if n == 1 and count < limit and not peek then
+			local member, keep = base, 0
+			if withID then
+				known = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
+				member, keep = "A1:" .. base, 10000000
+			end
+			if not (known and (known[1] or known[2])) then
+				redis.call("ZADD", key, now, member)
+				local ms = math.ceil((window + keep) / 1000)
+				if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+					redis.call("PEXPIRE", key, ms, "GT")
+				end
+				if floorKey then
+					redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
+				end
+				return {1, limit - count - 1, 0, newestUnit() + nominal - now, 0}
+			end
+		end
+
+		-- Batches keep unpack() well inside Lua's stack limit.
+		local function zadd(score, prefix)
+			local args = {}
+			local i = 1
+			while i <= n do
+				local j = 0
+				while j < 500 and i <= n do
+					args[2 * j + 1] = score
+					if prefix then
+						args[2 * j + 2] = prefix .. i .. ":" .. base
+					elseif n == 1 then
+						args[2 * j + 2] = base
+					else
+						args[2 * j + 2] = base .. ":" .. i
+					end
+					j = j + 1
+					i = i + 1
+				end
+				for m = 2 * j + 1, #args do
+					args[m] = nil
+				end
+				redis.call("ZADD", key, unpack(args))
+			end
+			count = count + n
+		end
+
+		-- expire makes the key live until its newest unit at score leaves the
+		-- window and, for AllowID, the longest grace after it; fresh: the key
+		-- may not have existed before this call wrote it (nothing was counted),
+		-- so may have no expiry.
+		local function expire(score, fresh)
+			local keep = 0
+			if withID then
+				keep = 10000000
+			end
+			local ms = math.ceil((score + window + keep - now) / 1000)
+			if not (fresh and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+				redis.call("PEXPIRE", key, ms, "GT")
+			end
+		end
+
+		local function newest()
+			local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
+			if top then
+				return tonumber(top)
+			end
+			return now
+		end
+
+		local function admit()
+			if peek then
+				return {1, math.max(limit - count - n, 0), 0, math.max(newest(), now) + nominal - now, 0}
+			end
 			local fresh = count == 0
-			zadd(slot, "R")
-			expire(slot, fresh)
-			if slot > newestReserved then
-				newestReserved = slot
-				redis.call("SET", KEYS[4], string.format("%d", slot), "PX", math.ceil((slot - now + window) / 1000))
+			if withID then
+				zadd(now, "A")
+			else
+				zadd(now, nil)
 			end
+			expire(now, fresh)
+			if floorKey then
+				redis.call("SET", floorKey, now, "PX", math.ceil(window / 1000))
+			end
+			return {1, math.max(limit - count, 0), 0, newestUnit() + nominal - now, 0}
 		end
-		return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
-	end
 
-	-- kth returns the score of the k-th oldest unit after from (k >= 1),
-	-- by rank: O(log N), where BYSCORE with LIMIT would walk k units.
-	local function kth(from, k)
-		local r = redis.call("ZCOUNT", key, "-inf", string.format("%d", from)) + k - 1
-		local s = redis.call("ZRANGE", key, r, r, "WITHSCORES")[2]
-		if s then
-			return tonumber(s)
-		end
-		return newest()
-	end
-
-	if withID then
-		local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
-		if s[1] and tonumber(s[1]) > now - window then
-			return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
-		end
-		if s[2] then
-			local slot = tonumber(s[2])
-			if slot > now then
-				return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, 1}
-			end
-			-- Its slot has come: judged on the last window alone.
-			local units = {}
-			for i = 1, n do
-				units[i] = "R" .. i .. ":" .. base
-			end
-			local removed = redis.call("ZREM", key, unpack(units))
-			if slot > now - window then
-				count = count - removed -- else it was no longer counted
-			end
-			-- Judged on what is ahead of it: admissions, and reservations for
-			-- earlier slots (ahead in schedule.go).
-			if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
-				return admit()
-			end
-			local raw = redis.call("ZRANGE", key, excl(now - window), now, "BYSCORE", "WITHSCORES")
-			local at = {}
-			for i = 1, #raw, 2 do
-				local score = tonumber(raw[i + 1])
-				if string.byte(raw[i]) ~= 82 or score < slot then -- 82: "R"
-					at[#at + 1] = score
+		local function reject(slot, reserve)
+			if reserve then
+				local fresh = count == 0
+				zadd(slot, "R")
+				expire(slot, fresh)
+				if slot > newestReserved then
+					newestReserved = slot
+					redis.call("SET", KEYS[s + 4], string.format("%d", slot), "PX", math.ceil((slot - now + window) / 1000))
 				end
 			end
-			if #at + n <= limit then
-				return admit()
-			end
-			-- Its units move later than now: instants before them may
-			-- have room again, so the hint no longer holds.
-			forget()
-			return reject(at[#at + n - limit] + window, true)
+			return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
 		end
-	end
 
-	if count + n <= limit then
-		return admit()
-	end
-
-	-- The tail of the schedule always fits: after the k-th oldest unit leaves.
-	local tail = math.max(now, kth(now - window, count + n - limit) + window)
-	local slot = tail
-	local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
-	if top > now then
-		-- Reservations ahead: look for a gap before the tail (firstFit in
-		-- schedule.go), within 16 windows, from the hint's instant (no
-		-- room before it) or now. at[] holds every unit in range.
-		local from = math.min(hinted(n), tail)
-		local stop = math.min(tail, now + 16 * window)
-		-- No room anywhere in [from, tail) when the units in [tail -
-		-- window, from] are too many: each of them counts at every instant
-		-- of it.
-		local full = from >= stop or redis.call("ZCOUNT", key, string.format("%d", tail - window), string.format("%d", from)) > limit - n
-		if not full then
-			local raw = redis.call("ZRANGE", key, excl(from - window), excl(stop + window), "BYSCORE", "WITHSCORES")
-			local at = {}
-			for i = 2, #raw, 2 do
-				at[#at + 1] = tonumber(raw[i])
+		-- kth returns the score of the k-th oldest unit after from (k >= 1),
+		-- by rank: O(log N), where BYSCORE with LIMIT would walk k units.
+		local function kth(from, k)
+			local r = redis.call("ZCOUNT", key, "-inf", string.format("%d", from)) + k - 1
+			local s = redis.call("ZRANGE", key, r, r, "WITHSCORES")[2]
+			if s then
+				return tonumber(s)
 			end
-			local len = #at
-			local room = limit - n
-			local lo, hi, sum = 1, 1, 0
-			local q, qlo, qhi, qsum = 1, 1, 1, 0
-			local s = from
-			slot = tail
-			while s < stop do
-				while hi <= len and at[hi] <= s do
-					sum = sum + 1
-					hi = hi + 1
+			return newest()
+		end
+
+		if withID then
+			local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
+			if s[1] and tonumber(s[1]) > now - window then
+				return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
+			end
+			if s[2] then
+				local slot = tonumber(s[2])
+				if slot > now then
+					return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, 1}
 				end
-				while lo < hi and at[lo] <= s - window do
-					sum = sum - 1
-					lo = lo + 1
+				-- Its slot has come: judged on the last window alone.
+				local units = {}
+				for i = 1, n do
+					units[i] = "R" .. i .. ":" .. base
 				end
-				if q < hi then
-					q = hi
+				local removed = redis.call("ZREM", key, unpack(units))
+				if slot > now - window then
+					count = count - removed -- else it was no longer counted
 				end
-				local bad = false
-				while q <= len and at[q] < s + window do
-					while qhi <= len and at[qhi] <= at[q] do
-						qsum = qsum + 1
-						qhi = qhi + 1
+				-- Judged on what is ahead of it: admissions, and reservations for
+				-- earlier slots (ahead in schedule.go).
+				if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
+					return admit()
+				end
+				local raw = redis.call("ZRANGE", key, excl(now - window), now, "BYSCORE", "WITHSCORES")
+				local at = {}
+				for i = 1, #raw, 2 do
+					local score = tonumber(raw[i + 1])
+					if string.byte(raw[i]) ~= 82 or score < slot then -- 82: "R"
+						at[#at + 1] = score
 					end
-					while qlo < qhi and at[qlo] <= at[q] - window do
-						qsum = qsum - 1
-						qlo = qlo + 1
+				end
+				if #at + n <= limit then
+					return admit()
+				end
+				-- Its units move later than now: instants before them may
+				-- have room again, so the hint no longer holds.
+				forget()
+				return reject(at[#at + n - limit] + window, true)
+			end
+		end
+
+		if count + n <= limit then
+			return admit()
+		end
+
+		-- The tail of the schedule always fits: after the k-th oldest unit leaves.
+		local tail = math.max(now, kth(now - window, count + n - limit) + window)
+		local slot = tail
+		local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+		if top > now then
+			-- Reservations ahead: look for a gap before the tail (firstFit in
+			-- schedule.go), within 16 windows, from the hint's instant (no
+			-- room before it) or now. at[] holds every unit in range.
+			local from = math.min(hinted(n), tail)
+			local stop = math.min(tail, now + 16 * window)
+			-- No room anywhere in [from, tail) when the units in [tail -
+			-- window, from] are too many: each of them counts at every instant
+			-- of it.
+			local full = from >= stop or redis.call("ZCOUNT", key, string.format("%d", tail - window), string.format("%d", from)) > limit - n
+			if not full then
+				local raw = redis.call("ZRANGE", key, excl(from - window), excl(stop + window), "BYSCORE", "WITHSCORES")
+				local at = {}
+				for i = 2, #raw, 2 do
+					at[#at + 1] = tonumber(raw[i])
+				end
+				local len = #at
+				local room = limit - n
+				local lo, hi, sum = 1, 1, 0
+				local q, qlo, qhi, qsum = 1, 1, 1, 0
+				local s = from
+				slot = tail
+				while s < stop do
+					while hi <= len and at[hi] <= s do
+						sum = sum + 1
+						hi = hi + 1
 					end
-					if qsum > room then
-						bad = true
+					while lo < hi and at[lo] <= s - window do
+						sum = sum - 1
+						lo = lo + 1
+					end
+					if q < hi then
+						q = hi
+					end
+					local bad = false
+					while q <= len and at[q] < s + window do
+						while qhi <= len and at[qhi] <= at[q] do
+							qsum = qsum + 1
+							qhi = qhi + 1
+						end
+						while qlo < qhi and at[qlo] <= at[q] - window do
+							qsum = qsum - 1
+							qlo = qlo + 1
+						end
+						if qsum > room then
+							bad = true
+							break
+						end
+						q = qhi
+					end
+					if sum <= room and not bad then
+						slot = s
 						break
 					end
-					q = qhi
+					local nxt = s + 1
+					if sum > room and at[lo] + window > nxt then
+						nxt = at[lo] + window
+					end
+					if bad and at[q] + 1 > nxt then
+						nxt = at[q] + 1
+					end
+					s = nxt
 				end
-				if sum <= room and not bad then
-					slot = s
-					break
-				end
-				local nxt = s + 1
-				if sum > room and at[lo] + window > nxt then
-					nxt = at[lo] + window
-				end
-				if bad and at[q] + 1 > nxt then
-					nxt = at[q] + 1
-				end
-				s = nxt
+			end
+			if slot > now and not peek then
+				remember(slot, n)
 			end
 		end
-		if slot > now and not peek then
-			remember(slot, n)
+
+		if slot == now then
+			return admit()
 		end
+		return reject(slot, withID and slot - now <= horizon)
 	end
 
-	if slot == now then
-		return admit()
-	end
-	return reject(slot, withID and slot - now <= horizon)
-end
+	-- The batch. out holds five integers per request. stored is the number of
+	-- units in the set once those out of the window are dropped (AllowN's
+	-- view), nil when unknown; pending are AllowN units admitted at now and
+	-- not yet written (npending of them), whose replies at pendingAt may need
+	-- a later reset once written.
+	local pending, npending, pendingAt = {}, 0, {}
+	local rejected -- {n, reply}: the last AllowN rejection, while nothing was written since
 
--- The batch. out holds five integers per request. stored is the number of
--- units in the set once those out of the window are dropped (AllowN's
--- view), nil when unknown; pending are AllowN units admitted at now and
--- not yet written (npending of them), whose replies at pendingAt may need
--- a later reset once written.
-local out = {}
-local pending, npending, pendingAt = {}, 0, {}
-local rejected -- {n, reply}: the last AllowN rejection, while nothing was written since
+	local function write()
+		if npending == 0 then
+			return
+		end
+		local args = {}
+		for i = 1, npending do
+			if #args == 1000 then -- keeps unpack() within Lua's stack limit
+				redis.call("ZADD", key, unpack(args))
+				args = {}
+			end
+			args[#args + 1] = now
+			args[#args + 1] = pending[i]
+		end
+		redis.call("ZADD", key, unpack(args))
+		local ms = math.ceil(window / 1000)
+		if not (stored == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+			redis.call("PEXPIRE", key, ms, "GT")
+		end
+		if floorKey then
+			redis.call("SET", floorKey, now, "PX", ms)
+		end
+		local top = newestUnit()
+		if top > now then
+			-- A reservation is newer than the units just admitted.
+			for _, at in ipairs(pendingAt) do
+				out[at + 3] = top + nominal - now
+			end
+		end
+		stored = stored + npending
+		pending, npending, pendingAt = {}, 0, {}
+	end
 
-local function write()
-	if npending == 0 then
-		return
-	end
-	local args = {}
-	for i = 1, npending do
-		if #args == 1000 then -- keeps unpack() within Lua's stack limit
-			redis.call("ZADD", key, unpack(args))
-			args = {}
-		end
-		args[#args + 1] = now
-		args[#args + 1] = pending[i]
-	end
-	redis.call("ZADD", key, unpack(args))
-	local ms = math.ceil(window / 1000)
-	if not (stored == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
-		redis.call("PEXPIRE", key, ms, "GT")
-	end
-	if floorKey then
-		redis.call("SET", floorKey, now, "PX", ms)
-	end
-	local top = newestUnit()
-	if top > now then
-		-- A reservation is newer than the units just admitted.
-		for _, at in ipairs(pendingAt) do
-			out[at + 3] = top + nominal - now
-		end
-	end
-	stored = stored + npending
-	pending, npending, pendingAt = {}, 0, {}
-end
-
-for i = 6, #ARGV, 3 do
-	local n = tonumber(ARGV[i])
-	local base = ARGV[i + 1]
-	local horizon = tonumber(ARGV[i + 2])
-	local at = #out
-	local reply
-	if horizon == -1 then
-		if not stored then
-			redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
-			stored = redis.call("ZCARD", key)
-		end
-		local count = stored + npending
-		if count + n <= limit then
-			if n == 1 then
-				pending[npending + 1] = base
+	for i = first, last, 3 do
+		local n = tonumber(ARGV[i])
+		local base = ARGV[i + 1]
+		local horizon = tonumber(ARGV[i + 2])
+		local at = #out
+		local reply
+		if horizon == -1 then
+			if not stored then
+				redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
+				stored = redis.call("ZCARD", key)
+			end
+			local count = stored + npending
+			if count + n <= limit then
+				if n == 1 then
+					pending[npending + 1] = base
+				else
+					for j = 1, n do
+						pending[npending + j] = base .. ":" .. j
+					end
+				end
+				npending = npending + n
+				pendingAt[#pendingAt + 1] = at
+				reply = {1, limit - count - n, 0, nominal, 0}
+				rejected = nil
+			elseif rejected and rejected[1] == n then
+				reply = rejected[2]
 			else
-				for j = 1, n do
-					pending[npending + j] = base .. ":" .. j
+				write()
+				reply = decide(n, base, horizon)
+				if reply[1] == 1 then
+					-- Admitted in a gap before reservations: written.
+					stored, rejected = nil, nil
+				else
+					rejected = {n, reply}
 				end
 			end
-			npending = npending + n
-			pendingAt[#pendingAt + 1] = at
-			reply = {1, limit - count - n, 0, nominal, 0}
-			rejected = nil
-		elseif rejected and rejected[1] == n then
-			reply = rejected[2]
 		else
 			write()
 			reply = decide(n, base, horizon)
-			if reply[1] == 1 then
-				-- Admitted in a gap before reservations: written.
+			if horizon ~= -2 then
 				stored, rejected = nil, nil
-			else
-				rejected = {n, reply}
 			end
 		end
-	else
-		write()
-		reply = decide(n, base, horizon)
-		if horizon ~= -2 then
-			stored, rejected = nil, nil
+		for j = 1, 5 do
+			out[at + j] = reply[j]
 		end
 	end
-	for j = 1, 5 do
-		out[at + j] = reply[j]
-	end
+	write()
+	return last + 1
 end
-write()
+
+local a = 4
+for s = 0, #KEYS - 1, stride do
+	a = decideKey(s, a, s / stride + 1)
+end
 return out

@@ -263,3 +263,26 @@ func TestClusterMasterDown(t *testing.T) {
 	}
 	t.Logf("decisions with a dead master took %v", time.Since(start))
 }
+
+// TestCrossSlotFallback decides through a plain *redis.Client connected
+// to one master of the cluster, for identities that master holds, 16 at
+// a time: the limiters' coalesced calls carry keys of several slots,
+// which a cluster node refuses (CROSSSLOT) before running anything, as a
+// proxy in front of a cluster does. No decision may fail, and each
+// identity is limited exactly.
+func TestCrossSlotFallback(t *testing.T) {
+	c := redistest.StartCluster(t)
+	own := byMaster(t, c, identities(300))[0]
+	client := c.Node(0).Client(t)
+	for _, f := range families {
+		if f.hybrid {
+			continue // its Redis calls are bucket.Redis's
+		}
+		t.Run(f.name, func(t *testing.T) {
+			l := f.newLimiter(t, client, "crossslot:"+f.name+":", time.Second)
+			each(own, func(id string) {
+				checkExact(t, f, func(ctx context.Context, id string) (throttle.Decision, error) { return l.AllowN(ctx, id, 1) }, id)
+			})
+		})
+	}
+}
