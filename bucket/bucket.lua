@@ -1,26 +1,30 @@
--- bucket.lua: take tokens from one token bucket, atomically, for every
--- request of a batch in order, at one instant: exactly the results of the
--- same requests made one after another. AllowN(n) is a request with min =
--- max = n; the Hybrid's lease has min <= max.
+-- bucket.lua: take tokens from one or more token buckets, atomically, for
+-- every request of a batch in order, at one instant: exactly the results
+-- of the same requests made one after another. AllowN(n) is a request with
+-- min = max = n; the Hybrid's lease has min <= max.
 --
 -- The bucket is kept in integer credit, so that every step is exact in
 -- Lua's doubles: one token is worth per units and every microsecond adds
 -- count units; a full bucket holds cap = burst * per (<= 2^53, checked by
 -- the caller).
 --
+-- KEYS holds two keys per bucket, bucket after bucket; below, KEYS[1] and
+-- KEYS[2] are those of one bucket.
 -- KEYS[1]  the bucket's hash: tokens = credit at ts (an integer), ts = µs
 --          since the Unix epoch at which credit was measured, per = the
 --          period credit is counted in (ARGV[1] when written). A missing
 --          key is a full bucket.
 -- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which
 --          every take is refused; missing when not paused.
--- ARGV[1]  per: credit per token = the refill period in µs (integer).
--- ARGV[2]  count: credit added per µs = tokens per period (integer).
--- ARGV[3]  cap: credit of a full bucket = burst * per.
--- ARGV[4]  now, µs, from the client's clock; "" for the server's TIME.
--- ARGV[5...] the requests, two arguments each:
---   min    take nothing unless at least min tokens are there (>= 1).
---   max    take at most max tokens (min <= max <= burst).
+-- ARGV[1]  now, µs, from the client's clock; "" for the server's TIME.
+-- Then, bucket after bucket:
+--   per    credit per token = the refill period in µs (integer).
+--   count  credit added per µs = tokens per period (integer).
+--   cap    credit of a full bucket = burst * per.
+--   m      the number of requests for the bucket (>= 1), then m
+--          requests, two arguments each:
+--     min  take nothing unless at least min tokens are there (>= 1).
+--     max  take at most max tokens (min <= max <= burst).
 --
 -- The hash's per field is the period its credit is counted in. A quota
 -- whose period differs (WithQuotas, or a new Rate.Per) keeps the bucket's
@@ -34,85 +38,107 @@
 -- the refill timeline. After taking, the key expires when the bucket
 -- would be full again (rounded up to the ms): a missing key reads full.
 --
--- Returns two integers per request, in order: granted = whole tokens
+-- Returns two integers per request, in order (bucket after bucket): granted = whole tokens
 -- taken (0 or min..max); credit = what is left after taking, or what is
 -- there when nothing was taken. The caller derives remaining tokens and
 -- waits from credit with integer arithmetic. While the key is paused,
 -- every request gets {-left, credit}, left = the µs until the pause ends
 -- (>= 1), and nothing is written.
 
-local key = KEYS[1]
-local per = tonumber(ARGV[1])
-local count = tonumber(ARGV[2])
-local cap = tonumber(ARGV[3])
-
 local now
-if ARGV[4] ~= "" then
-	now = tonumber(ARGV[4])
+if ARGV[1] ~= "" then
+	now = tonumber(ARGV[1])
 else
 	local t = redis.call("TIME")
 	now = t[1] * 1000000 + t[2]
 end
 
-local st = redis.call("HMGET", key, "tokens", "ts", "per")
-local credit = tonumber(st[1])
-local ts = tonumber(st[2])
-if credit ~= nil then
-	credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
-end
-if credit == nil or ts == nil then
-	credit = cap
-	ts = now
-elseif now > ts then
-	-- Beyond cap the product may be inexact; it is clamped to cap anyway.
-	credit = credit + (now - ts) * count
-	ts = now
-end
-if credit > cap then
-	credit = cap
+-- The pauses of every bucket, in one call.
+local pauses
+do
+	local names = {}
+	for k = 2, #KEYS, 2 do
+		names[#names + 1] = KEYS[k]
+	end
+	pauses = redis.call("MGET", unpack(names))
 end
 
 local out = {}
 
--- Paused (Pause): take nothing, write nothing.
-local pausedUntil = tonumber(redis.call("GET", KEYS[2]))
-if pausedUntil and pausedUntil > now then
-	for i = 5, #ARGV, 2 do
-		out[#out + 1] = now - pausedUntil
+-- take decides the requests of the bucket whose keys are KEYS[k] and
+-- KEYS[k+1] and whose ARGV start at a. It returns where the next
+-- bucket's ARGV start.
+local function take(k, a)
+	local key = KEYS[k]
+	local per = tonumber(ARGV[a])
+	local count = tonumber(ARGV[a + 1])
+	local cap = tonumber(ARGV[a + 2])
+	local first, last = a + 4, a + 3 + 2 * tonumber(ARGV[a + 3])
+
+	local st = redis.call("HMGET", key, "tokens", "ts", "per")
+	local credit = tonumber(st[1])
+	local ts = tonumber(st[2])
+	if credit ~= nil then
+		credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
+	end
+	if credit == nil or ts == nil then
+		credit = cap
+		ts = now
+	elseif now > ts then
+		-- Beyond cap the product may be inexact; it is clamped to cap anyway.
+		credit = credit + (now - ts) * count
+		ts = now
+	end
+	if credit > cap then
+		credit = cap
+	end
+
+	-- Paused (Pause): take nothing, write nothing.
+	local pausedUntil = tonumber(pauses[(k + 1) / 2])
+	if pausedUntil and pausedUntil > now then
+		for _ = first, last, 2 do
+			out[#out + 1] = now - pausedUntil
+			out[#out + 1] = credit
+		end
+		return last + 1
+	end
+
+	local taken = false
+	for i = first, last, 2 do
+		local want = tonumber(ARGV[i])
+		local got = 0
+		if credit >= want * per then
+			local max = tonumber(ARGV[i + 1])
+			got = math.floor(credit / per)
+			if got * per > credit then
+				got = got - 1
+			end
+			if got > max then
+				got = max
+			end
+			credit = credit - got * per
+			taken = true
+		end
+		out[#out + 1] = got
 		out[#out + 1] = credit
 	end
-	return out
-end
-
-local taken = false
-for i = 5, #ARGV, 2 do
-	local want = tonumber(ARGV[i])
-	local k = 0
-	if credit >= want * per then
-		local max = tonumber(ARGV[i + 1])
-		k = math.floor(credit / per)
-		if k * per > credit then
-			k = k - 1
-		end
-		if k > max then
-			k = max
-		end
-		credit = credit - k * per
-		taken = true
+	if not taken then
+		return last + 1
 	end
-	out[#out + 1] = k
-	out[#out + 1] = credit
-end
-if not taken then
-	return out
-end
-redis.call("HSET", key, "tokens", credit, "ts", ts, "per", per)
+	redis.call("HSET", key, "tokens", credit, "ts", ts, "per", per)
 
--- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
-local d = count * 1000
-local ttl = math.floor((cap - credit) / d)
-if ttl * d < cap - credit then
-	ttl = ttl + 1
+	-- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
+	local d = count * 1000
+	local ttl = math.floor((cap - credit) / d)
+	if ttl * d < cap - credit then
+		ttl = ttl + 1
+	end
+	redis.call("PEXPIRE", key, ttl)
+	return last + 1
 end
-redis.call("PEXPIRE", key, ttl)
+
+local a = 2
+for k = 1, #KEYS, 2 do
+	a = take(k, a)
+end
 return out

@@ -169,10 +169,14 @@
 //
 // Redis.AllowN and the Hybrid's lease calls are coalesced as the window's
 // (see package window): a lone call goes at once; while calls are in
-// flight, the others queue and the next flush sends one bucket.lua call
-// per key carrying that key's requests in arrival order, decided one
-// after another at one instant (a batch that takes nothing writes
-// nothing). WithTimeout bounds the round trip of a call or flush, not the
+// flight, the others queue and the next flush sends them together, each
+// key's requests in arrival order, decided one after another at one
+// instant (a bucket from which nothing is taken is not written): one
+// bucket.lua call for every key of the flush on a *redis.Client, one per
+// key, pipelined, on a *redis.ClusterClient, a *redis.Ring or any other
+// client, and on a *redis.Client once a server refuses keys of several
+// cluster slots in one call (CROSSSLOT, as a proxy in front of a cluster
+// does; nothing ran, so the flush is sent again key by key). WithTimeout bounds the round trip of a call or flush, not the
 // time queued behind it, which only the caller's context bounds; a caller
 // that leaves while queued is charged nothing. AllowID (bucket_id.lua) is
 // one script call per decision.

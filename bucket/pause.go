@@ -46,8 +46,8 @@ func (l *Local) paused(key string, lim *keyLimits, n int, now, left int64) throt
 // ends on the bucket's clock (the Redis server's TIME, or the WithClock
 // clock); one script sets it only if that is later than the end already
 // recorded (a longer pause extends, a shorter one never shortens), and it
-// expires when the pause ends. bucket.lua (for a coalesced batch at once)
-// and bucket_id.lua read it with one GET per script call.
+// expires when the pause ends. bucket.lua reads the pauses of every key
+// of a coalesced flush with one MGET, bucket_id.lua with one GET.
 //
 // With WithClock the key still expires after d of the Redis server's real
 // time: a client clock that runs slower than real time sees the pause end

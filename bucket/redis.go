@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -76,6 +77,11 @@ type Redis struct {
 	argInt []any // argInt[i] = strconv.Itoa(i), for small i
 
 	batch *coalesce.Batcher[takeReq, taken]
+	// singleKey: one key per script call. Set for clients that route by
+	// cluster slot (a *redis.ClusterClient or *redis.Ring, and any other
+	// than a *redis.Client), and once a server refuses keys of several
+	// slots in one call (CROSSSLOT: a proxy in front of a cluster).
+	singleKey atomic.Bool
 }
 
 // maxArgInt bounds the precomputed small-integer arguments.
@@ -120,6 +126,9 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	}
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
+	}
+	if _, standalone := c.(*redis.Client); !standalone {
+		l.singleKey.Store(true)
 	}
 	l.batch = coalesce.New(l.timeout, maxBatch, l.takeOne, l.takeMany)
 	if cfg.server {

@@ -43,14 +43,15 @@ const maxBatch = 256
 
 var (
 	argKeys2 any = "2"
+	argOne   any = "1"
 	argTime  any = "" // now: the server's TIME
 
 	pauseSuffix = []byte(pause.Suffix) // for rediskey.KeyAnd
 )
 
 // take takes tokens of key's bucket (see takeReq), coalesced with the
-// calls of other goroutines: one script call per key for every request
-// queued behind a flush in flight (package internal/coalesce).
+// calls of other goroutines: the requests queued behind a flush in flight
+// go together (package internal/coalesce; see takeMany).
 func (l *Redis) take(ctx context.Context, key string, lim *keyLimits, min, max int) (int, int64, int64, error) {
 	k, p := rediskey.KeyAnd(l.prefix, key, pauseSuffix)
 	t, err := l.batch.Do(ctx, takeReq{key: k, pause: p, lim: lim, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max})
@@ -62,8 +63,8 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 	if err := l.ready(ctx); err != nil {
 		return taken{}, err
 	}
-	args := l.header(make([]any, 0, 11), r)
-	cmd := redis.NewIntSliceCmd(ctx, append(args, r.argMin, r.argMax)...)
+	args := append(takeScript.Start(make([]any, 0, 12)), argKeys2, r.key, r.pause, l.now())
+	cmd := redis.NewIntSliceCmd(ctx, append(args, r.lim.argPer, r.lim.argCount, r.lim.argCap, argOne, r.argMin, r.argMax)...)
 	if err := takeScript.Run(ctx, l.client, cmd); err != nil {
 		return taken{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
@@ -72,8 +73,10 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 	return t[0], err
 }
 
-// takeMany decides a batch: one script call per key, carrying that key's
-// requests in arrival order, pipelined when there are several.
+// takeMany decides a batch: its requests grouped by key, in arrival order
+// within each key. Unless the client is known to refuse keys of several
+// cluster slots in one call (see Redis.singleKey), one script call
+// carries every key; else there is one call per key, pipelined.
 func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 	if err := l.ready(ctx); err != nil {
 		for _, c := range calls {
@@ -82,44 +85,85 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 		return
 	}
 	groups := coalesce.Group(calls, func(r takeReq) string { return r.key })
+	if len(groups) > 1 && !l.singleKey.Load() {
+		cmd := l.command(ctx, groups)
+		err := takeScript.Run(ctx, l.client, cmd)
+		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
+			l.settle(groups, cmd, err)
+			return
+		}
+		// A proxy in front of a cluster refused keys of several slots
+		// before running anything: one key per call from now on.
+		l.singleKey.Store(true)
+	}
 	cmds := make([]*redis.IntSliceCmd, len(groups))
-	for i, g := range groups {
-		// A key's requests go under the first one's quota: they differ
-		// only if the quota changed while they were queued.
-		args := l.header(make([]any, 0, 9+2*len(g)), g[0].Req)
+	for i := range groups {
+		cmds[i] = l.command(ctx, groups[i:i+1])
+	}
+	errs := takeScript.RunAll(ctx, l.client, cmds)
+	for i := range groups {
+		l.settle(groups[i:i+1], cmds[i], errs[i])
+	}
+}
+
+// command builds bucket.lua's call for groups: the hash and pause of each
+// key, now, then each key's quota and requests. A key's requests go under
+// the first one's quota: they differ only if the quota changed while they
+// were queued.
+func (l *Redis) command(ctx context.Context, groups [][]*takeCall) *redis.IntSliceCmd {
+	n := 0
+	for _, g := range groups {
+		n += len(g)
+	}
+	args := takeScript.Start(make([]any, 0, 4+6*len(groups)+2*n))
+	args = append(args, strconv.Itoa(2*len(groups)))
+	for _, g := range groups {
+		args = append(args, g[0].Req.key, g[0].Req.pause)
+	}
+	args = append(args, l.now())
+	for _, g := range groups {
+		lim := g[0].Req.lim
+		args = append(args, lim.argPer, lim.argCount, lim.argCap, strconv.Itoa(len(g)))
 		for _, c := range g {
 			args = append(args, c.Req.argMin, c.Req.argMax)
 		}
-		cmds[i] = redis.NewIntSliceCmd(ctx, args...)
 	}
-	errs := takeScript.RunAll(ctx, l.client, cmds)
-	for i, g := range groups {
-		err := errs[i]
+	return redis.NewIntSliceCmd(ctx, args...)
+}
+
+// settle hands each call of groups its result from cmd's reply (two
+// integers per request, group after group), or the call's error.
+func (l *Redis) settle(groups [][]*takeCall, cmd *redis.IntSliceCmd, err error) {
+	if err != nil {
+		err = fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
+	}
+	v := cmd.Val()
+	for _, g := range groups {
 		t := make([]taken, len(g))
-		if err != nil {
-			err = fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
-		} else {
+		gerr := err
+		if gerr == nil {
 			reqs := make([]takeReq, len(g))
 			for j, c := range g {
 				reqs[j] = c.Req
 				reqs[j].lim = g[0].Req.lim
 			}
-			err = l.results(cmds[i].Val(), t, reqs)
+			k := min(2*len(g), len(v))
+			gerr = l.results(v[:k], t, reqs)
+			v = v[k:]
 		}
 		for j, c := range g {
-			c.Res, c.Err = t[j], err
+			c.Res, c.Err = t[j], gerr
 		}
 	}
 }
 
-// header starts bucket.lua's EVALSHA for r's key under its quota: keys
-// (the hash and its pause) and ARGV[1] to ARGV[4].
-func (l *Redis) header(args []any, r takeReq) []any {
-	args = append(takeScript.Start(args), argKeys2, r.key, r.pause, r.lim.argPer, r.lim.argCount, r.lim.argCap)
+// now is bucket.lua's ARGV[1]: the client's clock in µs, or "" for the
+// server's TIME.
+func (l *Redis) now() any {
 	if l.clock == nil {
-		return append(args, argTime)
+		return argTime
 	}
-	return append(args, strconv.FormatInt(l.clock.Now().UnixMicro(), 10))
+	return strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
 }
 
 // results checks and converts bucket.lua's reply, two integers per

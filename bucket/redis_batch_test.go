@@ -14,18 +14,26 @@ import (
 
 // TestBatchTakesAsOneByOne sends random batches of takes (AllowN costs and
 // leases of min..max) on two keys as coalesced flushes, and the same
-// requests one by one on two other keys at the same instant: every answer
-// must be the same.
+// requests one by one on two other keys at the same instant, now and then
+// with key a paused: every answer must be the same.
 func TestBatchTakesAsOneByOne(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
 	l, _ := newTestRedis(t, throttle.Rate{Count: 5, Per: time.Second}, 8, WithClock(clock))
 	ctx := ctxT(t)
 	rng := rand.New(rand.NewPCG(3, 5))
-	granted := 0
+	granted, paused := 0, 0
 	at := time.Duration(0)
 	for step := range 200 {
 		at += time.Duration(rng.IntN(400_000)) * time.Microsecond
 		clock.Set(throttletest.T0.Add(at))
+		if step%20 == 0 { // pause key a for a while: its requests in a batch are answered apart from b's
+			d := time.Duration(100+rng.IntN(500)) * time.Millisecond
+			for _, key := range []string{"one-by-one a", "batched a"} {
+				if err := l.Pause(ctx, key, d); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		k := 1 + rng.IntN(10)
 		calls := make([]*takeCall, k)
 		want := make([]taken, k)
@@ -42,6 +50,9 @@ func TestBatchTakesAsOneByOne(t *testing.T) {
 				t.Fatal(err)
 			}
 			granted += want[i].granted
+			if want[i].paused > 0 {
+				paused++
+			}
 			calls[i] = &takeCall{Req: takeReq{key: l.key("batched " + key), pause: l.key("batched "+key) + pause.Suffix, lim: l.lims.def, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}}
 		}
 		l.takeMany(ctx, calls)
@@ -51,8 +62,8 @@ func TestBatchTakesAsOneByOne(t *testing.T) {
 			}
 		}
 	}
-	if granted < 200 {
-		t.Fatalf("only %d tokens granted: the replay does not exercise takes", granted)
+	if granted < 200 || paused < 20 {
+		t.Fatalf("only %d tokens granted, %d requests paused: the replay does not exercise takes and pauses", granted, paused)
 	}
 }
 
