@@ -101,7 +101,7 @@ var resetScript = redis.NewScript(resetLua)
 // argPeek is the horizon argument that tells window.lua to write nothing.
 var argPeek any = "-2"
 
-// Reset deletes key's sorted set (and its clock floor, hint, pause and newest reservation):
+// Reset deletes key's sorted set (and its clock floor, schedule and pause):
 // the key is back to its initial state in every process that shares the
 // Redis. Resetting an unknown key is not an error. Errors are Redis or context errors
 // (bounded by WithTimeout), wrapped as "window: redis: ...".
@@ -109,7 +109,7 @@ func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
-	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix, k + pause.Suffix, k + newestSuffix}).Err(); err != nil {
+	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix, k + pause.Suffix}).Err(); err != nil {
 		return fmt.Errorf("window: redis: %w", err)
 	}
 	return nil

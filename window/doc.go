@@ -125,10 +125,11 @@
 // answers 429 (natsthrottle.Backoff, asynqthrottle.Backoff). [Redis] keeps
 // the pause in a string key beside the sorted set, prefix + "{" + tag +
 // "}:pause", holding the instant the pause ends, so every process sharing
-// the Redis sees it; window.lua reads it with the newest reservation of
-// each key (a fourth key of the slot, so that an admission's ResetAfter
-// needs no look at the set when nothing is reserved) in one MGET per
-// script call, and it expires when the pause ends. [Memory] keeps
+// the Redis sees it; window.lua reads it with the schedule of each key
+// (the hint of slot searches and the newest reservation, so that an
+// admission's ResetAfter needs no look at the set when nothing is
+// reserved) in one MGET per script call, and it expires when the pause
+// ends. [Memory] keeps
 // its pauses apart from the logs, so the sweep of idle keys never forgets
 // one. Pause refuses d <= 0 with an error naming "d".
 //

@@ -206,18 +206,19 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member string, ho
 // request checks a decision's input and builds it, with key's quota.
 func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
 	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
-	// The key, its pause, hint and newest-reservation keys and AllowN's
-	// fresh member, in one allocation: each key starts with the one before.
-	var buf [len(newestSuffix) + 17 + 13]byte
-	suffix := append(buf[:0], newestSuffix...)
+	// The key, its pause and schedule keys and AllowN's fresh member, in
+	// one allocation: the schedule key starts with the pause key, which
+	// starts with the key.
+	var buf [len(hintSuffix) + 17 + 13]byte
+	suffix := append(buf[:0], hintSuffix...)
 	fresh := horizon == argAllowN
 	if fresh {
 		suffix = l.member.appendNext(suffix)
 	}
 	k, s := rediskey.KeyAnd(l.prefix, key, suffix)
-	r.key, r.pause, r.hint, r.newest = k, s[:len(k)+len(pause.Suffix)], s[:len(k)+len(hintSuffix)], s[:len(k)+len(newestSuffix)]
+	r.key, r.pause, r.hint = k, s[:len(k)+len(pause.Suffix)], s[:len(k)+len(hintSuffix)]
 	if fresh {
-		r.member = s[len(r.newest):]
+		r.member = s[len(r.hint):]
 	}
 	if l.quotas != nil {
 		q, err := quotaOf(l.quotas, l.rate, key)
@@ -243,13 +244,13 @@ func (l *Redis) request(key string, n int, member string, horizon any) (request,
 	return r, nil
 }
 
-// floorSuffix, hintSuffix and newestSuffix name the clock-floor, hint and
-// newest-reservation keys beside a key's sorted set (after its hash tag,
-// so in the same slot; no sorted-set key ends with them).
+// floorSuffix and hintSuffix name the clock-floor and schedule keys
+// beside a key's sorted set (after its hash tag, so in the same slot; no
+// sorted-set key ends with them). The schedule key (window.lua's KEYS[2])
+// is named after the slot-search hint it first held alone.
 const (
-	floorSuffix  = ":floor"
-	hintSuffix   = pause.Suffix + ":hint" // after the pause key's (see request)
-	newestSuffix = hintSuffix + ":newest" // after the hint key's
+	floorSuffix = ":floor"
+	hintSuffix  = pause.Suffix + ":hint" // after the pause key's (see request)
 )
 
 var errReply = errors.New("window: redis: unexpected script reply")

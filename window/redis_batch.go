@@ -19,8 +19,7 @@ import (
 type request struct {
 	key      string // the Redis key of the sorted set
 	pause    string // and of its pause
-	hint     string // and of its hint (see window.lua)
-	newest   string // and of its newest reservation (see window.lua)
+	hint     string // and of its schedule (see window.lua)
 	argWin   any    // window, µs, and limit: the key's quota, as strings
 	argLimit any
 	limit    int
@@ -47,8 +46,8 @@ type groupID struct {
 const maxBatch = 256
 
 var (
+	argKeys3 any = "3"
 	argKeys4 any = "4"
-	argKeys5 any = "5"
 	argTime  any = "" // now: the server's TIME
 	argExact any = "0"
 )
@@ -64,9 +63,9 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	}
 	buf := argsPool.Get().(*[]any)
 	args := windowScript.Start((*buf)[:0])
-	numKeys := argKeys4
+	numKeys := argKeys3
 	if l.clock != nil {
-		numKeys = argKeys5
+		numKeys = argKeys4
 	}
 	args = l.keys(append(args, numKeys), r)
 	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, argOne, r.argN, r.member, r.horizon)
@@ -165,13 +164,12 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) {
 }
 
 // keysPerWindow is how many KEYS window.lua takes per window key: its
-// sorted set, hint, pause and newest reservation, and with a client clock
-// its floor.
+// sorted set, schedule and pause, and with a client clock its floor.
 func (l *Redis) keysPerWindow() int {
 	if l.clock == nil {
-		return 4
+		return 3
 	}
-	return 5
+	return 4
 }
 
 func (l *Redis) ready(ctx context.Context) error {
@@ -184,10 +182,10 @@ func (l *Redis) ready(ctx context.Context) error {
 	return nil
 }
 
-// keys appends r's keys for window.lua: its sorted set, hint, pause,
-// newest reservation and, with a client clock, its floor.
+// keys appends r's keys for window.lua: its sorted set, schedule, pause
+// and, with a client clock, its floor.
 func (l *Redis) keys(args []any, r request) []any {
-	args = append(args, r.key, r.hint, r.pause, r.newest)
+	args = append(args, r.key, r.hint, r.pause)
 	if l.clock != nil {
 		args = append(args, r.key+floorSuffix)
 	}

@@ -1,8 +1,9 @@
 -- refund.lua: take back what one id holds in a window (Redis.Refund).
 --
 -- KEYS[1]  the key's sorted set (see window.lua).
--- KEYS[2]  the key's slot-search hint (see window.lua), forgotten when a
---          unit goes: a hint holds only while units are added.
+-- KEYS[2]  the key's schedule (see window.lua): its hint is forgotten when
+--          a unit goes (a hint holds only while units are added), its
+--          newest reservation kept.
 -- ARGV[1]  n, the cost the id was presented with (1 <= n <= MaxCost).
 -- ARGV[2]  id: AllowID's identity; its admitted units are members
 --          "A"..i..":"..id and its reserved ones "R"..i..":"..id, i = 1..n.
@@ -28,6 +29,11 @@ for _, kind in ipairs({ "A", "R" }) do
 	end
 end
 if removed > 0 then
-	redis.call("DEL", KEYS[2])
+	local newest = string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")
+	if newest then
+		redis.call("SET", KEYS[2], newest .. " 0 0 0 0", "KEEPTTL")
+	else
+		redis.call("DEL", KEYS[2])
+	end
 end
 return removed

@@ -4,21 +4,21 @@
 -- after another. The twin of schedule.go (window.Memory): every rule here
 -- is the same.
 --
--- KEYS holds four keys per window key (five with a client clock), key
--- after key; below, KEYS[1] to KEYS[5] are those of one key.
+-- KEYS holds three keys per window key (four with a client clock), key
+-- after key; below, KEYS[1] to KEYS[4] are those of one key.
 -- KEYS[1]  the key's sorted set: one member per unit, scored by its
 --          instant in µs since the Unix epoch: admitted units at the
 --          instant they were admitted, reserved units at their future
 --          slot. A unit at t counts during [t, t+window).
--- KEYS[2]  the key's hint for slot searches (a string key in the same
---          slot; see hinted below).
+-- KEYS[2]  the key's schedule (a string key in the same slot):
+--          "N T c limit window". N, an instant in µs, is no earlier than
+--          every reserved unit (0: none); only reservations lie after
+--          now, so with N not after now an admission's reset is the
+--          window, with no look at the set. T c limit window is the hint
+--          of slot searches (T 0: none; see hinted below).
 -- KEYS[3]  the key's pause (see pause.Suffix): the instant, µs, until which
 --          every request is rejected; missing when not paused.
--- KEYS[4]  the key's newest reservation: an instant, µs, no earlier than
---          every reserved unit (a string key in the same slot; missing or
---          not after now: no unit lies after now). Only reservations lie
---          after now, so without one an admission's reset is the window.
--- KEYS[5]  with a client clock (ARGV[1] not empty) only: the key's clock
+-- KEYS[4]  with a client clock (ARGV[1] not empty) only: the key's clock
 --          floor, the newest admission instant (a string key in the same
 --          slot).
 -- ARGV[1]  now, µs, from the client's clock, clamped to each key's floor
@@ -76,10 +76,10 @@
 -- as the one before it (a rejection of AllowN writes nothing).
 
 local clientClock = ARGV[1] ~= ""
-local stride = 4 -- keys per window key
+local stride = 3 -- keys per window key
 local now0, slack
 if clientClock then
-	stride = 5
+	stride = 4
 	now0 = tonumber(ARGV[1])
 	slack = 0
 	if ARGV[2] == "1" then
@@ -97,13 +97,13 @@ else
 	end
 end
 
--- The pauses and newest reservations of every key, in one call.
+-- The schedules and pauses of every key, in one call.
 local got
 do
 	local names = {}
 	for s = 0, #KEYS - 1, stride do
+		names[#names + 1] = KEYS[s + 2]
 		names[#names + 1] = KEYS[s + 3]
-		names[#names + 1] = KEYS[s + 4]
 	end
 	got = redis.call("MGET", unpack(names))
 end
@@ -124,8 +124,8 @@ local function str(x)
 end
 
 -- newestAfter returns the newest unit of key if it lies after now, else
--- now. bound is its newest reservation (KEYS[4]): none after now means no
--- unit after now, and no call.
+-- now. bound is N of its schedule (KEYS[2]): none after now means no unit
+-- after now, and no call.
 local function newestAfter(key, bound, now)
 	if bound <= now then
 		return now
@@ -142,7 +142,7 @@ end
 -- returns where the next key's ARGV start.
 local function decideKey(s, a, g)
 	local key = KEYS[s + 1]
-	local floorKey = clientClock and KEYS[s + 5] -- nil with the server's TIME
+	local floorKey = clientClock and KEYS[s + 4] -- nil with the server's TIME
 	local nominal = tonumber(ARGV[a])
 	local window = nominal + slack
 	local limit = tonumber(ARGV[a + 1])
@@ -154,9 +154,23 @@ local function decideKey(s, a, g)
 			now = floor
 		end
 	end
-	local pausedUntil = tonumber(got[2 * g - 1])
-	-- newestReserved bounds every reserved unit from above (KEYS[4]).
-	local newestReserved = tonumber(got[2 * g]) or 0
+	local pausedUntil = tonumber(got[2 * g])
+	-- The schedule (KEYS[2]): newestReserved bounds every reserved unit
+	-- from above; hintT (false: none) and hintC are the hint.
+	local newestReserved, hintT, hintC = 0, false, 0
+	local hintStored = false -- a hint is stored, for this limit and window or not
+	if got[2 * g - 1] then
+		local nr, t, c, lim, win = string.match(got[2 * g - 1], "^(%d+) (%d+) (%d+) (%d+) (%d+)$")
+		if nr then
+			newestReserved = tonumber(nr)
+			hintStored = t ~= "0"
+			if t ~= "0" and tonumber(lim) == limit and tonumber(win) <= window then
+				hintT, hintC = tonumber(t), tonumber(c)
+			end
+		else
+			newestReserved = math.huge -- not this script's format: look
+		end
+	end
 
 	-- Paused (Pause): reject every request, writing nothing; retry_after is
 	-- the time left, reset_after covers the newest unit as well.
@@ -288,34 +302,33 @@ local function decideKey(s, a, g)
 		return "(" .. string.format("%d", x)
 	end
 
-	-- The hint (the key's KEYS[2]): "T c limit window", an instant T before which no
+	-- The hint (in the schedule, KEYS[2]): an instant T before which no
 	-- request of cost c or more fits, learnt by a slot search, so that the
 	-- next search starts at T: without it a flood of reservations would
 	-- search the same full windows again at every request. It holds while
 	-- units are only added or claimed (moved to the claim's instant): units
 	-- never leave an instant at or after now except when a claim re-reserves
-	-- later, which forgets the hint. It expires at T, and is kept only for
-	-- the same limit and a window no longer than the current one.
-	local hintKey = KEYS[s + 2]
-	local hintT, hintC -- the hint, read once per call; hintT false: none
+	-- later, which forgets the hint. It counts until T, and only for the
+	-- same limit and a window no longer than the current one.
+	local scheduleKey = KEYS[s + 2]
 
-	local function readHint()
-		if hintT ~= nil then
-			return
+	-- writeSchedule stores newestReserved and the hint. The key lives until
+	-- the later of them has passed by a window.
+	local function writeSchedule()
+		if newestReserved == math.huge then
+			newestReserved = newestAfter(key, math.huge, now)
 		end
-		hintT = false
-		local v = redis.call("GET", hintKey)
-		if v then
-			local t, c, lim, win = string.match(v, "^(%d+) (%d+) (%d+) (%d+)$")
-			if t and tonumber(lim) == limit and tonumber(win) <= window then
-				hintT, hintC = tonumber(t), tonumber(c)
-			end
+		local t = 0
+		if hintT and hintT > now then
+			t = hintT
 		end
+		hintStored = t ~= 0
+		local ms = math.ceil((math.max(newestReserved, t, now) - now + window) / 1000)
+		redis.call("SET", scheduleKey, string.format("%d %d %d %d %d", newestReserved, t, hintC, limit, window), "PX", ms)
 	end
 
 	-- hinted returns the instant from which a request of cost n may fit.
 	local function hinted(n)
-		readHint()
 		if hintT and hintC <= n and hintT > now then
 			return hintT
 		end
@@ -325,17 +338,18 @@ local function decideKey(s, a, g)
 	-- remember records that nothing of cost n fits before slot, unless the
 	-- hint already says more.
 	local function remember(slot, n)
-		readHint()
 		if hintT and hintT > now and (slot < hintT or n > hintC) then
 			return
 		end
 		hintT, hintC = slot, n
-		redis.call("SET", hintKey, string.format("%d %d %d %d", slot, n, limit, window), "PX", math.ceil((slot - now) / 1000))
+		writeSchedule()
 	end
 
 	local function forget()
-		redis.call("DEL", hintKey)
-		hintT = false
+		if hintT or hintStored then
+			hintT, hintC, hintStored = false, 0, false
+			writeSchedule()
+		end
 	end
 
 	-- decide is one request, on the set as it is (pending written first).
@@ -457,7 +471,7 @@ local function decideKey(s, a, g)
 				expire(slot, fresh)
 				if slot > newestReserved then
 					newestReserved = slot
-					redis.call("SET", KEYS[s + 4], string.format("%d", slot), "PX", math.ceil((slot - now + window) / 1000))
+					writeSchedule()
 				end
 			end
 			return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, reserve and 1 or 0}
