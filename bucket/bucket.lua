@@ -38,7 +38,8 @@
 -- the refill timeline. After taking, the key expires when the bucket
 -- would be full again (rounded up to the ms): a missing key reads full.
 --
--- Returns two integers per request, in order (bucket after bucket): granted = whole tokens
+-- Returns two integers per request, in order (bucket after bucket; then
+-- the places of the buckets that failed, if any: see the end): granted = whole tokens
 -- taken (0 or min..max); credit = what is left after taking, or what is
 -- there when nothing was taken. The caller derives remaining tokens and
 -- waits from credit with integer arithmetic. While the key is paused,
@@ -137,8 +138,31 @@ local function take(k, a)
 	return last + 1
 end
 
+-- With several buckets, a bucket whose commands fail (a key of another
+-- type under the prefix, say) fails alone: its replies are zeros and its
+-- place (from 1) is listed after every reply, for the caller to send it
+-- again by itself (and get the error). It fails at its first command on
+-- the hash, before anything of it is written.
 local a = 2
+local failed = {}
 for k = 1, #KEYS, 2 do
-	a = take(k, a)
+	if #KEYS == 2 then
+		a = take(k, a)
+	else
+		local mark, next = #out, a + 4 + 2 * tonumber(ARGV[a + 3])
+		if not pcall(take, k, a) then
+			for i = mark + 1, #out do
+				out[i] = nil
+			end
+			for i = mark + 1, mark + 2 * tonumber(ARGV[a + 3]) do
+				out[i] = 0
+			end
+			failed[#failed + 1] = (k + 1) / 2
+		end
+		a = next
+	end
+end
+for _, g in ipairs(failed) do
+	out[#out + 1] = g
 end
 return out

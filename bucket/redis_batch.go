@@ -89,13 +89,20 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 		cmd := l.command(ctx, groups)
 		err := takeScript.Run(ctx, l.client, cmd)
 		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
-			l.settle(groups, cmd, err)
+			if failed := l.settle(groups, cmd, err); failed != nil {
+				l.keyByKey(ctx, failed) // for their own errors
+			}
 			return
 		}
 		// A proxy in front of a cluster refused keys of several slots
 		// before running anything: one key per call from now on.
 		l.singleKey.Store(true)
 	}
+	l.keyByKey(ctx, groups)
+}
+
+// keyByKey decides groups with one script call per key, pipelined.
+func (l *Redis) keyByKey(ctx context.Context, groups [][]*takeCall) {
 	cmds := make([]*redis.IntSliceCmd, len(groups))
 	for i := range groups {
 		cmds[i] = l.command(ctx, groups[i:i+1])
@@ -111,10 +118,7 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 // the first one's quota: they differ only if the quota changed while they
 // were queued.
 func (l *Redis) command(ctx context.Context, groups [][]*takeCall) *redis.IntSliceCmd {
-	n := 0
-	for _, g := range groups {
-		n += len(g)
-	}
+	n := coalesce.Len(groups)
 	args := takeScript.Start(make([]any, 0, 4+6*len(groups)+2*n))
 	args = append(args, strconv.Itoa(2*len(groups)))
 	for _, g := range groups {
@@ -132,13 +136,23 @@ func (l *Redis) command(ctx context.Context, groups [][]*takeCall) *redis.IntSli
 }
 
 // settle hands each call of groups its result from cmd's reply (two
-// integers per request, group after group), or the call's error.
-func (l *Redis) settle(groups [][]*takeCall, cmd *redis.IntSliceCmd, err error) {
+// integers per request, group after group), or the call's error. It
+// returns the groups whose bucket failed in a call of several (listed
+// after the replies; see bucket.lua), which it leaves unsettled.
+func (l *Redis) settle(groups [][]*takeCall, cmd *redis.IntSliceCmd, err error) (failed [][]*takeCall) {
 	if err != nil {
 		err = fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	v := cmd.Val()
-	for _, g := range groups {
+	var skip map[int]bool
+	if n := 2 * coalesce.Len(groups); err == nil && len(v) > n {
+		skip = make(map[int]bool, len(v)-n)
+		for _, g := range v[n:] {
+			skip[int(g)-1] = true
+		}
+		v = v[:n]
+	}
+	for i, g := range groups {
 		t := make([]taken, len(g))
 		gerr := err
 		if gerr == nil {
@@ -151,10 +165,15 @@ func (l *Redis) settle(groups [][]*takeCall, cmd *redis.IntSliceCmd, err error) 
 			gerr = l.results(v[:k], t, reqs)
 			v = v[k:]
 		}
+		if skip[i] {
+			failed = append(failed, g)
+			continue
+		}
 		for j, c := range g {
 			c.Res, c.Err = t[j], gerr
 		}
 	}
+	return failed
 }
 
 // now is bucket.lua's ARGV[1]: the client's clock in µs, or "" for the

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,5 +93,36 @@ func TestCoalescedLoad(t *testing.T) {
 	}
 	if scripts := redistest.ScriptCalls(t, client) - calls0; scripts > goroutines/4 {
 		t.Fatalf("%d script calls for %d decisions: not coalesced", scripts, goroutines)
+	}
+}
+
+// TestPoisonKeyFailsAlone sends flushes whose keys include one holding a
+// string (another program's key under the prefix): that key's requests
+// get Redis's error, every other bucket's are decided as if it were not
+// there, and taken from once.
+func TestPoisonKeyFailsAlone(t *testing.T) {
+	const burst = 3
+	l, client := newTestRedis(t, throttle.Rate{Count: 1, Per: time.Hour}, burst)
+	ctx := ctxT(t)
+	if err := client.Set(ctx, l.key("poison"), "not a hash", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "poison", "b", "poison", "c"}
+	for round := range 5 {
+		calls := make([]*takeCall, len(keys))
+		for i, key := range keys {
+			calls[i] = &takeCall{Req: takeReq{key: l.key(key), pause: l.key(key) + pause.Suffix, lim: l.lims.def, argMin: l.arg(1), argMax: l.arg(1), min: 1, max: 1}}
+		}
+		l.takeMany(ctx, calls)
+		for i, c := range calls {
+			switch {
+			case keys[i] == "poison":
+				if c.Err == nil || !strings.Contains(c.Err.Error(), "WRONGTYPE") {
+					t.Fatalf("round %d: poison key: %+v, %v; want its WRONGTYPE error", round, c.Res, c.Err)
+				}
+			case c.Err != nil || (c.Res.granted == 1) != (round < burst):
+				t.Fatalf("round %d, key %q: %+v, %v; want granted %v", round, keys[i], c.Res, c.Err, round < burst)
+			}
+		}
 	}
 }

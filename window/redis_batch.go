@@ -96,17 +96,26 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 		return
 	}
 	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} })
-	if len(groups) > 1 && !l.singleKey.Load() {
+	// A key twice (its quota changed while queued) goes in calls of its
+	// own: the script reads each key's schedule once, at its start.
+	if len(groups) > 1 && !l.singleKey.Load() && coalesce.Distinct(groups, func(r request) string { return r.key }) {
 		cmd := l.command(ctx, groups)
 		err := windowScript.Run(ctx, l.client, cmd)
 		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
-			l.settle(groups, cmd, err)
+			if failed := l.settle(groups, cmd, err); failed != nil {
+				l.keyByKey(ctx, failed) // for their own errors
+			}
 			return
 		}
 		// A proxy in front of a cluster refused keys of several slots
 		// before running anything: one key per call from now on.
 		l.singleKey.Store(true)
 	}
+	l.keyByKey(ctx, groups)
+}
+
+// keyByKey decides groups with one script call per key, pipelined.
+func (l *Redis) keyByKey(ctx context.Context, groups [][]*call) {
 	cmds := make([]*redis.IntSliceCmd, len(groups))
 	for i := range groups {
 		cmds[i] = l.command(ctx, groups[i:i+1])
@@ -120,10 +129,7 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 // command builds the script call of groups: the keys of each, the
 // clock's arguments, then each key's window, limit and requests.
 func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCmd {
-	n := 0
-	for _, g := range groups {
-		n += len(g)
-	}
+	n := coalesce.Len(groups)
 	per := l.keysPerWindow()
 	args := windowScript.Start(make([]any, 0, 6+(per+3)*len(groups)+3*n))
 	args = append(args, strconv.Itoa(per*len(groups)))
@@ -141,15 +147,25 @@ func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCm
 }
 
 // settle hands each call of groups its decision from cmd's reply (five
-// integers per request, group after group), or the call's error.
-func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) {
+// integers per request, group after group), or the call's error. It
+// returns the groups whose key failed in a call of several keys (listed
+// after the replies; see window.lua), which it leaves unsettled.
+func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (failed [][]*call) {
 	v := cmd.Val()
 	if err != nil {
 		err = fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	} else if len(v) == 1 && v[0] == -1 {
 		err = errLate
 	}
-	for _, g := range groups {
+	var skip map[int]bool
+	if n := 5 * coalesce.Len(groups); err == nil && len(v) > n {
+		skip = make(map[int]bool, len(v)-n)
+		for _, g := range v[n:] {
+			skip[int(g)-1] = true
+		}
+		v = v[:n]
+	}
+	for i, g := range groups {
 		d := make([]throttle.Decision, len(g))
 		gerr := err
 		if gerr == nil {
@@ -157,10 +173,15 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) {
 			gerr = decisions(v[:k], d, g[0].Req.limit)
 			v = v[k:]
 		}
+		if skip[i] {
+			failed = append(failed, g)
+			continue
+		}
 		for j, c := range g {
 			c.Res, c.Err = d[j], gerr
 		}
 	}
+	return failed
 }
 
 // keysPerWindow is how many KEYS window.lua takes per window key: its

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -205,5 +206,46 @@ func waitInFlight(t *testing.T, l *Redis, n int) {
 			t.Fatalf("%d flushes in flight after 5s, want %d", l.batch.InFlight(), n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPoisonKeyFailsAlone sends flushes whose keys include one holding a
+// string (another program's key under the prefix): that key's requests
+// get Redis's error, every other key's are decided as if it were not
+// there, and charged once.
+func TestPoisonKeyFailsAlone(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := throttle.Rate{Count: 3, Per: time.Minute}
+	l := newTestRedis(t, client, r)
+	ctx := context.Background()
+	if err := client.Set(ctx, l.key("poison"), "not a sorted set", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "poison", "b", "poison", "c"}
+	for round := range 5 {
+		calls := make([]*call, len(keys))
+		for i, key := range keys {
+			req, err := l.request(key, 1, "", argAllowN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls[i] = &call{Req: req}
+		}
+		l.many(ctx, calls)
+		for i, c := range calls {
+			switch {
+			case keys[i] == "poison":
+				if c.Err == nil || !strings.Contains(c.Err.Error(), "WRONGTYPE") {
+					t.Fatalf("round %d: poison key: %+v, %v; want its WRONGTYPE error", round, c.Res, c.Err)
+				}
+			case c.Err != nil || c.Res.Allowed != (round < r.Count):
+				t.Fatalf("round %d, key %q: %+v, %v; want allowed %v", round, keys[i], c.Res, c.Err, round < r.Count)
+			}
+		}
+	}
+	for _, key := range []string{"a", "b", "c"} {
+		if n := client.ZCard(ctx, l.key(key)).Val(); n != int64(r.Count) {
+			t.Errorf("key %q holds %d units, want %d", key, n, r.Count)
+		}
 	}
 }

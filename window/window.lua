@@ -59,7 +59,8 @@
 -- key's expiry to cover its newest unit and the grace (PEXPIRE NX and GT:
 -- Redis 7.0 or newer).
 --
--- Returns five integers per request, in order (key after key): allowed (0|1), remaining,
+-- Returns five integers per request, in order (key after key), then the
+-- places of the keys that failed, if any (see the end of the script): allowed (0|1), remaining,
 -- retry_after_us, reset_after_us, reserved (0|1): remaining = limit -
 -- units held after the decision (reservations included), at least 0;
 -- retry_after_us = 0 when admitted, else the time to the slot;
@@ -704,8 +705,32 @@ local function decideKey(s, a, g)
 	return last + 1
 end
 
+-- With several keys, a key whose commands fail (a key of another type
+-- under the prefix, say) fails alone: its replies are zeros and its place
+-- (from 1) is listed after every reply, for the caller to send it again
+-- by itself (and get the error). It fails at its first command on the set,
+-- before anything of it is written.
 local a = 4
+local failed = {}
 for s = 0, #KEYS - 1, stride do
-	a = decideKey(s, a, s / stride + 1)
+	local g = s / stride + 1
+	if #KEYS == stride then
+		a = decideKey(s, a, g)
+	else
+		local mark, next = #out, a + 3 + 3 * tonumber(ARGV[a + 2])
+		if not pcall(decideKey, s, a, g) then
+			for i = mark + 1, #out do
+				out[i] = nil
+			end
+			for i = mark + 1, mark + 5 * tonumber(ARGV[a + 2]) do
+				out[i] = 0
+			end
+			failed[#failed + 1] = g
+		end
+		a = next
+	end
+end
+for _, g in ipairs(failed) do
+	out[#out + 1] = g
 end
 return out

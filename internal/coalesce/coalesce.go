@@ -173,6 +173,29 @@ func (b *Batcher[Req, Res]) withdraw(c *Call[Req, Res]) {
 	}
 }
 
+// Len returns the number of calls in groups.
+func Len[Req, Res any](groups [][]*Call[Req, Res]) int {
+	n := 0
+	for _, g := range groups {
+		n += len(g)
+	}
+	return n
+}
+
+// Distinct reports whether no two groups share what key returns for
+// their first request (a store key, where groups also split by quota).
+func Distinct[Req, Res any, K comparable](groups [][]*Call[Req, Res], key func(Req) K) bool {
+	seen := make(map[K]struct{}, len(groups))
+	for _, g := range groups {
+		k := key(g[0].Req)
+		if _, ok := seen[k]; ok {
+			return false
+		}
+		seen[k] = struct{}{}
+	}
+	return true
+}
+
 // Group splits calls by what id returns for their requests (a store key,
 // with its quota), keeping arrival order within each group, and groups in
 // the order their first call arrived.
