@@ -166,6 +166,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -232,7 +233,7 @@ func main() {
 	flag.IntVar(&cfg.Instances, "instances", cfg.Instances, "`N` > 1 runs N worker processes on the NATS server and the Redis limiter (needs -redis; NATS only)")
 	flag.StringVar(&cfg.NATSURL, "nats", "", "NATS `URL` of a JetStream server (default: embedded server in a temp dir)")
 	flag.StringVar(&cfg.Trace, "trace", "", "`exporter` of the spans: \"stdout\" prints them with the OpenTelemetry stdout exporter (default: no tracing)")
-	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "stop waiting for unhandled jobs after this long")
+	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "stop waiting for unhandled jobs after this long (at least "+faultTimeout.String()+" by default when -faults has kill-redis: asynq's tasks active at the kill come back only after asynq's 30s lease and its recoverer)")
 	flag.DurationVar(&cfg.Reservations, "reservations", cfg.Reservations, "a rejected job reserves its own slot up to this `horizon` ahead and comes back once, to it (0: no reservations, rejections bounce)")
 	flag.StringVar(&cfg.Report, "report", "", "write the run's report as JSON to `FILE`")
 	flag.StringVar(&cfg.Plot, "plot", "", "draw the run per tenant (admissions per 100 ms against the limit, NAKs, reservations, holds, faults) to `FILE`.svg or FILE.html")
@@ -248,6 +249,11 @@ func main() {
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "worker: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
+	}
+	timeoutSet := false
+	flag.Visit(func(f *flag.Flag) { timeoutSet = timeoutSet || f.Name == "timeout" })
+	if !timeoutSet && strings.Contains(cfg.Faults, "kill-redis") {
+		cfg.Timeout = max(cfg.Timeout, faultTimeout)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -265,6 +271,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// faultTimeout is the least default -timeout of a run that kills Redis.
+const faultTimeout = 3 * time.Minute
 
 // usage prints the flags but the hidden ones.
 func usage() {
