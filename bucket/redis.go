@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,6 +16,7 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
+	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -77,11 +77,11 @@ type Redis struct {
 	argInt []any // argInt[i] = strconv.Itoa(i), for small i
 
 	batch *coalesce.Batcher[takeReq, taken]
-	// singleKey: one key per script call. Set for clients that route by
-	// cluster slot (a *redis.ClusterClient or *redis.Ring, and any other
-	// than a *redis.Client), and once a server refuses keys of several
-	// slots in one call (CROSSSLOT: a proxy in front of a cluster).
-	singleKey atomic.Bool
+	// calls sends a flush: one bucket.lua call for every key on a
+	// *redis.Client, one per key on clients that route by cluster slot (a
+	// *redis.ClusterClient or *redis.Ring, and any other) and once a
+	// server refused keys of several slots in one call.
+	calls *redisscript.Grouped[[]*takeCall]
 }
 
 // maxArgInt bounds the precomputed small-integer arguments.
@@ -127,8 +127,9 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
 	}
+	l.calls = &redisscript.Grouped[[]*takeCall]{Script: takeScript, Client: c, Build: l.command, Settle: l.settle}
 	if _, standalone := c.(*redis.Client); !standalone {
-		l.singleKey.Store(true)
+		l.calls.OneKeyPerCall()
 	}
 	l.batch = coalesce.New(l.timeout, maxBatch, l.takeOne, l.takeMany)
 	if cfg.server {

@@ -74,9 +74,7 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 }
 
 // takeMany decides a batch: its requests grouped by key, in arrival order
-// within each key. Unless the client is known to refuse keys of several
-// cluster slots in one call (see Redis.singleKey), one script call
-// carries every key; else there is one call per key, pipelined.
+// within each key, in one script call or one per key (see Redis.calls).
 func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 	if err := l.ready(ctx); err != nil {
 		for _, c := range calls {
@@ -84,33 +82,7 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 		}
 		return
 	}
-	groups := coalesce.Group(calls, func(r takeReq) string { return r.key })
-	if len(groups) > 1 && !l.singleKey.Load() {
-		cmd := l.command(ctx, groups)
-		err := takeScript.Run(ctx, l.client, cmd)
-		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
-			if failed := l.settle(groups, cmd, err); failed != nil {
-				l.keyByKey(ctx, failed) // for their own errors
-			}
-			return
-		}
-		// A proxy in front of a cluster refused keys of several slots
-		// before running anything: one key per call from now on.
-		l.singleKey.Store(true)
-	}
-	l.keyByKey(ctx, groups)
-}
-
-// keyByKey decides groups with one script call per key, pipelined.
-func (l *Redis) keyByKey(ctx context.Context, groups [][]*takeCall) {
-	cmds := make([]*redis.IntSliceCmd, len(groups))
-	for i := range groups {
-		cmds[i] = l.command(ctx, groups[i:i+1])
-	}
-	errs := takeScript.RunAll(ctx, l.client, cmds)
-	for i := range groups {
-		l.settle(groups[i:i+1], cmds[i], errs[i])
-	}
+	l.calls.Run(ctx, coalesce.Group(calls, func(r takeReq) string { return r.key }), true)
 }
 
 // command builds bucket.lua's call for groups: the hash and pause of each

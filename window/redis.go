@@ -63,11 +63,11 @@ type Redis struct {
 	member   memberSource
 	quotas   throttle.QuotaFunc
 	batch    *coalesce.Batcher[request, throttle.Decision]
-	// singleKey: one key per script call. Set for clients that route by
-	// cluster slot (a *redis.ClusterClient or *redis.Ring, and any other
-	// than a *redis.Client), and once a server refuses keys of several
-	// slots in one call (CROSSSLOT: a proxy in front of a cluster).
-	singleKey atomic.Bool
+	// calls sends a flush: one script call for every key on a
+	// *redis.Client, one per key on clients that route by cluster slot (a
+	// *redis.ClusterClient or *redis.Ring, and any other) and once a
+	// server refused keys of several slots in one call.
+	calls *redisscript.Grouped[[]*call]
 
 	lastExpiry atomic.Pointer[expiryArg] // see expiry
 }
@@ -124,8 +124,9 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		l.server = redisclock.New(t, cfg.serverLocal)
 		l.clock = l.server
 	}
+	l.calls = &redisscript.Grouped[[]*call]{Script: windowScript, Client: c, Build: l.command, Settle: l.settle}
 	if _, standalone := c.(*redis.Client); !standalone {
-		l.singleKey.Store(true)
+		l.calls.OneKeyPerCall()
 	}
 	l.batch = coalesce.New(l.timeout, maxBatch, l.one, l.many)
 	if err := l.member.init(); err != nil {

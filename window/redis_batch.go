@@ -84,10 +84,8 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 }
 
 // many decides a batch: its requests grouped by key (and quota), in
-// arrival order within each key. Unless the client is known to refuse
-// keys of several cluster slots in one call (see Redis.singleKey), one
-// script call carries every key; else there is one call per key,
-// pipelined.
+// arrival order within each key, in one script call or one per key (see
+// Redis.calls).
 func (l *Redis) many(ctx context.Context, calls []*call) {
 	if err := l.ready(ctx); err != nil {
 		for _, c := range calls {
@@ -98,32 +96,7 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} })
 	// A key twice (its quota changed while queued) goes in calls of its
 	// own: the script reads each key's schedule once, at its start.
-	if len(groups) > 1 && !l.singleKey.Load() && coalesce.Distinct(groups, func(r request) string { return r.key }) {
-		cmd := l.command(ctx, groups)
-		err := windowScript.Run(ctx, l.client, cmd)
-		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
-			if failed := l.settle(groups, cmd, err); failed != nil {
-				l.keyByKey(ctx, failed) // for their own errors
-			}
-			return
-		}
-		// A proxy in front of a cluster refused keys of several slots
-		// before running anything: one key per call from now on.
-		l.singleKey.Store(true)
-	}
-	l.keyByKey(ctx, groups)
-}
-
-// keyByKey decides groups with one script call per key, pipelined.
-func (l *Redis) keyByKey(ctx context.Context, groups [][]*call) {
-	cmds := make([]*redis.IntSliceCmd, len(groups))
-	for i := range groups {
-		cmds[i] = l.command(ctx, groups[i:i+1])
-	}
-	errs := windowScript.RunAll(ctx, l.client, cmds)
-	for i := range groups {
-		l.settle(groups[i:i+1], cmds[i], errs[i])
-	}
+	l.calls.Run(ctx, groups, coalesce.Distinct(groups, func(r request) string { return r.key }))
 }
 
 // command builds the script call of groups: the keys of each, the
