@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,5 +248,50 @@ func TestPoisonKeyFailsAlone(t *testing.T) {
 		if n := client.ZCard(ctx, l.key(key)).Val(); n != int64(r.Count) {
 			t.Errorf("key %q holds %d units, want %d", key, n, r.Count)
 		}
+	}
+}
+
+// TestKeyTwiceInAFlush sends one flush holding a key under two quotas (it
+// changed while the requests were queued) beside another key: the
+// requests of the second quota see what the first wrote, the reservation
+// included, as one by one.
+func TestKeyTwiceInAFlush(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	var limit atomic.Int64
+	limit.Store(1)
+	quotas := func(string) throttle.Quota {
+		return throttle.Quota{Rate: throttle.Rate{Count: int(limit.Load()), Per: time.Second}}
+	}
+	clock := throttletest.NewClock(throttletest.T0)
+	l := newTestRedis(t, client, throttle.Rate{Count: 1, Per: time.Second}, WithQuotas(quotas), WithClock(clock))
+	ctx := context.Background()
+	var calls []*call
+	add := func(key string, id string) {
+		horizon := argAllowN
+		if id != "" {
+			horizon = strconv.FormatInt(horizonMicros(time.Minute), 10)
+		}
+		req, err := l.request(key, 1, id, horizon)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, &call{Req: req})
+	}
+	add("k", "first")  // admitted at a limit of 1
+	add("k", "second") // reserved one window later
+	limit.Store(5)
+	add("k", "") // AllowN at a limit of 5: admitted, reset after the reservation's window
+	add("other", "")
+	l.many(ctx, calls)
+	for i, c := range calls {
+		if c.Err != nil {
+			t.Fatalf("request %d: %v", i, c.Err)
+		}
+	}
+	if !calls[0].Res.Allowed || !calls[1].Res.Reserved || !calls[2].Res.Allowed {
+		t.Fatalf("decisions %+v %+v %+v: want admitted, reserved, admitted", calls[0].Res, calls[1].Res, calls[2].Res)
+	}
+	if want := calls[1].Res.RetryAfter + time.Second; calls[2].Res.ResetAfter < want {
+		t.Fatalf("AllowN after the reservation: ResetAfter %v, want %v (the reservation's window)", calls[2].Res.ResetAfter, want)
 	}
 }
