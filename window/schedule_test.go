@@ -69,7 +69,10 @@ func TestFirstFitIsTheEarliestFit(t *testing.T) {
 func TestMemoryAndRedisDecideAlike(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := throttle.Rate{Count: 5, Per: time.Second}
-	for seed := range uint64(4) {
+	// In seeds 5, 30 and 31 a claim re-reserves later while a slot-search
+	// hint is stored: the hint must be forgotten (window.lua's forget), or
+	// a later search skips a gap that Memory finds.
+	for _, seed := range []uint64{0, 1, 2, 3, 5, 30, 31} {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			clock := throttletest.NewClock(throttletest.T0)
