@@ -39,7 +39,7 @@
 -- would be full again (rounded up to the ms): a missing key reads full.
 --
 -- Returns two integers per request, in order (bucket after bucket; then
--- the places of the buckets that failed, if any: see the end): granted = whole tokens
+-- the places of the buckets that failed, if any: see grouped.lua): granted = whole tokens
 -- taken (0 or min..max); credit = what is left after taking, or what is
 -- there when nothing was taken. The caller derives remaining tokens and
 -- waits from credit with integer arithmetic. While the key is paused,
@@ -66,11 +66,10 @@ end
 
 local out = {}
 
--- take decides the requests of the bucket whose keys are KEYS[k] and
--- KEYS[k+1] and whose ARGV start at a. It returns where the next
--- bucket's ARGV start.
-local function take(k, a)
-	local key = KEYS[k]
+-- take decides the requests of the bucket whose keys start after KEYS[s]
+-- and whose ARGV start at a; g is its place among the buckets (from 1).
+local function take(s, a, g)
+	local key = KEYS[s + 1]
 	local per = tonumber(ARGV[a])
 	local count = tonumber(ARGV[a + 1])
 	local cap = tonumber(ARGV[a + 2])
@@ -95,13 +94,13 @@ local function take(k, a)
 	end
 
 	-- Paused (Pause): take nothing, write nothing.
-	local pausedUntil = tonumber(pauses[(k + 1) / 2])
+	local pausedUntil = tonumber(pauses[g])
 	if pausedUntil and pausedUntil > now then
 		for _ = first, last, 2 do
 			out[#out + 1] = now - pausedUntil
 			out[#out + 1] = credit
 		end
-		return last + 1
+		return
 	end
 
 	local taken = false
@@ -124,7 +123,7 @@ local function take(k, a)
 		out[#out + 1] = credit
 	end
 	if not taken then
-		return last + 1
+		return
 	end
 	redis.call("HSET", key, "tokens", credit, "ts", ts, "per", per)
 
@@ -135,34 +134,9 @@ local function take(k, a)
 		ttl = ttl + 1
 	end
 	redis.call("PEXPIRE", key, ttl)
-	return last + 1
 end
 
--- With several buckets, a bucket whose commands fail (a key of another
--- type under the prefix, say) fails alone: its replies are zeros and its
--- place (from 1) is listed after every reply, for the caller to send it
--- again by itself (and get the error). It fails at its first command on
--- the hash, before anything of it is written.
-local a = 2
-local failed = {}
-for k = 1, #KEYS, 2 do
-	if #KEYS == 2 then
-		a = take(k, a)
-	else
-		local mark, next = #out, a + 4 + 2 * tonumber(ARGV[a + 3])
-		if not pcall(take, k, a) then
-			for i = mark + 1, #out do
-				out[i] = nil
-			end
-			for i = mark + 1, mark + 2 * tonumber(ARGV[a + 3]) do
-				out[i] = 0
-			end
-			failed[#failed + 1] = (k + 1) / 2
-		end
-		a = next
-	end
-end
-for _, g in ipairs(failed) do
-	out[#out + 1] = g
-end
-return out
+-- The buckets one after another (eachKey: internal/redisscript/grouped.lua):
+-- ARGV from 2, four header arguments per bucket, two per request, two
+-- integers per reply.
+return eachKey(out, 2, 2, 4, 2, 2, take)

@@ -26,7 +26,7 @@ import (
 var windowLua string
 
 // windowScript is run with EVALSHA, and reloaded with EVAL on NOSCRIPT.
-var windowScript = redisscript.New(windowLua)
+var windowScript = redisscript.New(redisscript.GroupedLua + windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in

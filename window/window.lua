@@ -60,7 +60,7 @@
 -- Redis 7.0 or newer).
 --
 -- Returns five integers per request, in order (key after key), then the
--- places of the keys that failed, if any (see the end of the script): allowed (0|1), remaining,
+-- places of the keys that failed, if any (see grouped.lua): allowed (0|1), remaining,
 -- retry_after_us, reset_after_us, reserved (0|1): remaining = limit -
 -- units held after the decision (reservations included), at least 0;
 -- retry_after_us = 0 when admitted, else the time to the slot;
@@ -139,8 +139,7 @@ local function newestAfter(key, bound, now)
 end
 
 -- decideKey decides the requests of the key whose KEYS start after s and
--- whose ARGV start at a; g is its place among the keys (from 1). It
--- returns where the next key's ARGV start.
+-- whose ARGV start at a; g is its place among the keys (from 1).
 local function decideKey(s, a, g)
 	local key = KEYS[s + 1]
 	local floorKey = clientClock and KEYS[s + 4] -- nil with the server's TIME
@@ -186,7 +185,7 @@ local function decideKey(s, a, g)
 			local j = #out
 			out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
 		end
-		return last + 1
+		return
 	end
 
 	-- The fast path: a batch of AllowN and AllowID requests with new ids
@@ -288,7 +287,7 @@ local function decideKey(s, a, g)
 				if floorKey then
 					redis.call("SET", floorKey, at, "PX", str(math.ceil(window / 1000)))
 				end
-				return last + 1
+				return
 			end
 		end
 	end
@@ -702,35 +701,9 @@ local function decideKey(s, a, g)
 		end
 	end
 	write()
-	return last + 1
 end
 
--- With several keys, a key whose commands fail (a key of another type
--- under the prefix, say) fails alone: its replies are zeros and its place
--- (from 1) is listed after every reply, for the caller to send it again
--- by itself (and get the error). It fails at its first command on the set,
--- before anything of it is written.
-local a = 4
-local failed = {}
-for s = 0, #KEYS - 1, stride do
-	local g = s / stride + 1
-	if #KEYS == stride then
-		a = decideKey(s, a, g)
-	else
-		local mark, next = #out, a + 3 + 3 * tonumber(ARGV[a + 2])
-		if not pcall(decideKey, s, a, g) then
-			for i = mark + 1, #out do
-				out[i] = nil
-			end
-			for i = mark + 1, mark + 5 * tonumber(ARGV[a + 2]) do
-				out[i] = 0
-			end
-			failed[#failed + 1] = g
-		end
-		a = next
-	end
-end
-for _, g in ipairs(failed) do
-	out[#out + 1] = g
-end
-return out
+-- The keys one after another (eachKey: internal/redisscript/grouped.lua):
+-- ARGV from 4, three header arguments per key, three per request, five
+-- integers per reply.
+return eachKey(out, stride, 4, 3, 3, 5, decideKey)

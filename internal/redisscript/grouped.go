@@ -2,10 +2,17 @@ package redisscript
 
 import (
 	"context"
+	_ "embed"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// GroupedLua is the prelude of the scripts Grouped sends: eachKey, their
+// outer loop over the keys of a call (see grouped.lua).
+//
+//go:embed grouped.lua
+var GroupedLua string
 
 // Grouped sends the script calls of a coalesced flush whose requests are
 // grouped by key (see package internal/coalesce): one call carrying every
