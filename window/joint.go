@@ -20,7 +20,7 @@ import (
 //go:embed joint.lua
 var jointLua string
 
-var jointScript = redis.NewScript(jointLua)
+var jointScript = redis.NewScript(unitsLua + jointLua)
 
 // AllowJoint decides a request of cost n in several Redis windows at once
 // (see throttle.JointLimiter), in one script call (joint.lua): n units are

@@ -150,25 +150,11 @@ end
 for i = 1, parts do
 	local key = KEYS[3 * i - 2]
 	local window = tonumber(ARGV[4 + 2 * i]) + slack
-	local args = {}
-	local j = 1
-	while j <= n do
-		local m = 0
-		while m < 500 and j <= n do
-			args[2 * m + 1] = now
-			if n == 1 then
-				args[2 * m + 2] = base
-			else
-				args[2 * m + 2] = base .. ":" .. j
-			end
-			m = m + 1
-			j = j + 1
-		end
-		for x = 2 * m + 1, #args do
-			args[x] = nil
-		end
-		redis.call("ZADD", key, unpack(args))
+	local members = {}
+	for j = 1, n do
+		members[j] = unitName(nil, j, n, base) -- units.lua
 	end
+	addUnits(key, now, members)
 	local ms = math.ceil(window / 1000)
 	if not (counts[i] == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
 		redis.call("PEXPIRE", key, ms, "GT")

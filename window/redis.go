@@ -25,8 +25,14 @@ import (
 //go:embed window.lua
 var windowLua string
 
+// unitsLua is the prelude of window.lua and joint.lua: unit members and
+// their ZADDs.
+//
+//go:embed units.lua
+var unitsLua string
+
 // windowScript is run with EVALSHA, and reloaded with EVAL on NOSCRIPT.
-var windowScript = redisscript.New(redisscript.GroupedLua + windowLua)
+var windowScript = redisscript.New(redisscript.GroupedLua + unitsLua + windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in

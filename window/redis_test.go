@@ -523,3 +523,31 @@ func TestRedisLostReply(t *testing.T) {
 		t.Fatalf("another id: %+v, %v; want rejected (2 admitted: warm and m, once)", d, err)
 	}
 }
+
+// TestLargeCostsAreWrittenInChunks admits and reserves costs above the
+// 500 members one ZADD takes (units.lua's addUnits), through the fast
+// path, an AllowID admission and a reservation: every unit is stored.
+func TestLargeCostsAreWrittenInChunks(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	l := newTestRedis(t, client, throttle.Rate{Count: 3000, Per: time.Minute})
+	ctx := context.Background()
+	steps := []struct {
+		id                string
+		allowed, reserved bool
+	}{{"", true, false}, {"big", true, false}, {"bigger", false, true}}
+	for _, s := range steps {
+		var d throttle.Decision
+		var err error
+		if s.id == "" {
+			d, err = l.AllowN(ctx, "k", 1200)
+		} else {
+			d, err = l.AllowID(ctx, "k", 1200, s.id, time.Hour)
+		}
+		if err != nil || d.Allowed != s.allowed || d.Reserved != s.reserved {
+			t.Fatalf("id %q: %+v, %v; want allowed %v, reserved %v", s.id, d, err, s.allowed, s.reserved)
+		}
+	}
+	if n := client.ZCard(ctx, l.key("k")).Val(); n != 3*1200 {
+		t.Fatalf("%d units stored, want %d", n, 3*1200)
+	}
+}

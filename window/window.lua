@@ -247,35 +247,24 @@ local function decideKey(s, a, g)
 				count = redis.call("ZCOUNT", key, "(" .. str(now - window), "+inf")
 			end
 			if count + total <= limit then
-				local args, k = {}, 0
-				local at = str(now)
+				local members = {}
 				local reset = newestAfter(key, newestReserved, now) + nominal - now
 				local held = count
 				local o = #out
 				for i = first, last, 3 do
 					local n = tonumber(ARGV[i])
-					local base = ARGV[i + 1]
-					local id = ARGV[i + 2] ~= "-1"
+					local prefix = nil
+					if ARGV[i + 2] ~= "-1" then
+						prefix = "A"
+					end
 					for j = 1, n do
-						if k == 1000 then -- keeps unpack() within Lua's stack limit
-							redis.call("ZADD", key, unpack(args))
-							args, k = {}, 0
-						end
-						args[k + 1] = at
-						if id then
-							args[k + 2] = "A" .. j .. ":" .. base
-						elseif n == 1 then
-							args[k + 2] = base
-						else
-							args[k + 2] = base .. ":" .. j
-						end
-						k = k + 2
+						members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
 					end
 					held = held + n
 					out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 1, limit - held, 0, reset, 0
 					o = o + 5
 				end
-				redis.call("ZADD", key, unpack(args))
+				addUnits(key, str(now), members)
 				local keep = 0
 				if ids then
 					keep = 10000000 -- lateGrace: an id is known that long (see decide)
@@ -285,7 +274,7 @@ local function decideKey(s, a, g)
 					redis.call("PEXPIRE", key, ms, "GT")
 				end
 				if floorKey then
-					redis.call("SET", floorKey, at, "PX", str(math.ceil(window / 1000)))
+					redis.call("SET", floorKey, str(now), "PX", str(math.ceil(window / 1000)))
 				end
 				return
 			end
@@ -398,29 +387,13 @@ local function decideKey(s, a, g)
 			end
 		end
 
-		-- Batches keep unpack() well inside Lua's stack limit.
+		-- zadd adds the request's n units at score (see unitName).
 		local function zadd(score, prefix)
-			local args = {}
-			local i = 1
-			while i <= n do
-				local j = 0
-				while j < 500 and i <= n do
-					args[2 * j + 1] = score
-					if prefix then
-						args[2 * j + 2] = prefix .. i .. ":" .. base
-					elseif n == 1 then
-						args[2 * j + 2] = base
-					else
-						args[2 * j + 2] = base .. ":" .. i
-					end
-					j = j + 1
-					i = i + 1
-				end
-				for m = 2 * j + 1, #args do
-					args[m] = nil
-				end
-				redis.call("ZADD", key, unpack(args))
+			local members = {}
+			for i = 1, n do
+				members[i] = unitName(prefix, i, n, base)
 			end
+			addUnits(key, score, members)
 			count = count + n
 		end
 
@@ -625,16 +598,7 @@ local function decideKey(s, a, g)
 		if npending == 0 then
 			return
 		end
-		local args = {}
-		for i = 1, npending do
-			if #args == 1000 then -- keeps unpack() within Lua's stack limit
-				redis.call("ZADD", key, unpack(args))
-				args = {}
-			end
-			args[#args + 1] = now
-			args[#args + 1] = pending[i]
-		end
-		redis.call("ZADD", key, unpack(args))
+		addUnits(key, str(now), pending)
 		local ms = math.ceil(window / 1000)
 		if not (stored == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
 			redis.call("PEXPIRE", key, ms, "GT")
@@ -666,12 +630,8 @@ local function decideKey(s, a, g)
 			end
 			local count = stored + npending
 			if count + n <= limit then
-				if n == 1 then
-					pending[npending + 1] = base
-				else
-					for j = 1, n do
-						pending[npending + j] = base .. ":" .. j
-					end
+				for j = 1, n do
+					pending[npending + j] = unitName(nil, j, n, base)
 				end
 				npending = npending + n
 				pendingAt[#pendingAt + 1] = at

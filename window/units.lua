@@ -1,0 +1,31 @@
+-- units.lua: the prelude of window.lua and joint.lua, prepended to them.
+
+-- unitName is the member of unit i of n of a request: base itself for a
+-- lone unit of AllowN, base..":"..i for more; with a prefix (AllowID's
+-- "A" for admitted units, "R" for reserved ones) prefix..i..":"..base.
+local function unitName(prefix, i, n, base)
+	if prefix then
+		return prefix .. i .. ":" .. base
+	end
+	if n == 1 then
+		return base
+	end
+	return base .. ":" .. i
+end
+
+-- addUnits adds members (an array) to the sorted set key at score, in
+-- ZADDs of at most 500 members, which keep unpack() within Lua's stack.
+local function addUnits(key, score, members)
+	local args, k = {}, 0
+	for i = 1, #members do
+		if k == 1000 then
+			redis.call("ZADD", key, unpack(args))
+			args, k = {}, 0
+		end
+		args[k + 1], args[k + 2] = score, members[i]
+		k = k + 2
+	end
+	if k > 0 then
+		redis.call("ZADD", key, unpack(args))
+	end
+end
