@@ -525,11 +525,12 @@ func TestRedisLostReply(t *testing.T) {
 }
 
 // TestLargeCostsAreWrittenInChunks admits and reserves costs above the
-// 500 members one ZADD takes (units.lua's addUnits), through the fast
-// path, an AllowID admission and a reservation: every unit is stored.
+// 500 members one ZADD takes (units.lua's addUnits; 5,000 in one would
+// overflow unpack), through the fast path, an AllowID admission and a
+// reservation: every unit is stored.
 func TestLargeCostsAreWrittenInChunks(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
-	l := newTestRedis(t, client, throttle.Rate{Count: 3000, Per: time.Minute})
+	l := newTestRedis(t, client, throttle.Rate{Count: 12000, Per: time.Minute})
 	ctx := context.Background()
 	steps := []struct {
 		id                string
@@ -539,15 +540,15 @@ func TestLargeCostsAreWrittenInChunks(t *testing.T) {
 		var d throttle.Decision
 		var err error
 		if s.id == "" {
-			d, err = l.AllowN(ctx, "k", 1200)
+			d, err = l.AllowN(ctx, "k", 5000)
 		} else {
-			d, err = l.AllowID(ctx, "k", 1200, s.id, time.Hour)
+			d, err = l.AllowID(ctx, "k", 5000, s.id, time.Hour)
 		}
 		if err != nil || d.Allowed != s.allowed || d.Reserved != s.reserved {
 			t.Fatalf("id %q: %+v, %v; want allowed %v, reserved %v", s.id, d, err, s.allowed, s.reserved)
 		}
 	}
-	if n := client.ZCard(ctx, l.key("k")).Val(); n != 3*1200 {
-		t.Fatalf("%d units stored, want %d", n, 3*1200)
+	if n := client.ZCard(ctx, l.key("k")).Val(); n != 3*5000 {
+		t.Fatalf("%d units stored, want %d", n, 3*5000)
 	}
 }
