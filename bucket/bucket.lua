@@ -46,13 +46,7 @@
 -- every request gets {-left, credit}, left = the µs until the pause ends
 -- (>= 1), and nothing is written.
 
-local now
-if ARGV[1] ~= "" then
-	now = tonumber(ARGV[1])
-else
-	local t = redis.call("TIME")
-	now = t[1] * 1000000 + t[2]
-end
+local now = clock(ARGV[1]) -- convert.lua
 
 -- The pauses of every bucket, in one call.
 local pauses
@@ -75,23 +69,7 @@ local function take(s, a, g)
 	local cap = tonumber(ARGV[a + 2])
 	local first, last = a + 4, a + 3 + 2 * tonumber(ARGV[a + 3])
 
-	local st = redis.call("HMGET", key, "tokens", "ts", "per")
-	local credit = tonumber(st[1])
-	local ts = tonumber(st[2])
-	if credit ~= nil then
-		credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
-	end
-	if credit == nil or ts == nil then
-		credit = cap
-		ts = now
-	elseif now > ts then
-		-- Beyond cap the product may be inexact; it is clamped to cap anyway.
-		credit = credit + (now - ts) * count
-		ts = now
-	end
-	if credit > cap then
-		credit = cap
-	end
+	local credit, ts = refill(key, per, count, cap, now) -- convert.lua
 
 	-- Paused (Pause): take nothing, write nothing.
 	local pausedUntil = tonumber(pauses[g])

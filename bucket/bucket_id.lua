@@ -61,33 +61,8 @@ local horizon = tonumber(ARGV[6])
 local maxdebt = tonumber(ARGV[7])
 local memory = tonumber(ARGV[8])
 
-local now
-if ARGV[9] then
-	now = tonumber(ARGV[9])
-else
-	local t = redis.call("TIME")
-	now = t[1] * 1000000 + t[2]
-end
-
-local st = redis.call("HMGET", key, "tokens", "ts", "per")
-local credit = tonumber(st[1])
-local ts = tonumber(st[2])
-if credit ~= nil then
-	credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
-end
-if credit == nil or ts == nil then
-	credit = cap
-	ts = now
-elseif now > ts then
-	-- Beyond cap the product may be inexact; it is clamped to cap anyway.
-	credit = credit + (now - ts) * count
-	ts = now
-else
-	now = ts
-end
-if credit > cap then
-	credit = cap
-end
+local credit, ts = refill(key, per, count, cap, clock(ARGV[9])) -- convert.lua
+local now = ts
 
 -- Paused (Pause): reject, write nothing.
 local pausedUntil = tonumber(redis.call("GET", KEYS[3]))

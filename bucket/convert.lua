@@ -1,6 +1,6 @@
 -- convert.lua: the prelude of every bucket script that reads a bucket's
 -- hash (Go prepends it to bucket.lua, bucket_id.lua, giveback.lua,
--- peek.lua and refund.lua).
+-- peek.lua and refund.lua): convert, clock and refill.
 --
 -- convert returns credit, counted in the period sp (µs per token, the
 -- hash's per field; nil: the current one), counted in per instead: the
@@ -23,3 +23,36 @@ local function convert(credit, sp, per, cap)
 	return t * per
 end
 
+
+-- clock returns now, µs since the Unix epoch: arg (the client's clock)
+-- when it is given and not "", else the server's TIME.
+local function clock(arg)
+	if arg and arg ~= "" then
+		return tonumber(arg)
+	end
+	local t = redis.call("TIME")
+	return t[1] * 1000000 + t[2]
+end
+
+-- refill reads the bucket in key's hash at now and returns its credit
+-- (counted in per: convert) and the instant it is read at. A missing or
+-- partial hash is a full bucket at now. Else the credit grows by count per
+-- µs since the hash's ts, up to cap; a now before ts counts as no time
+-- passing, and the instant is ts (stored time never moves backwards).
+local function refill(key, per, count, cap, now)
+	local st = redis.call("HMGET", key, "tokens", "ts", "per")
+	local credit, ts = tonumber(st[1]), tonumber(st[2])
+	if credit == nil or ts == nil then
+		return cap, now
+	end
+	credit = convert(credit, tonumber(st[3]), per, cap)
+	if now > ts then
+		-- Beyond cap the product may be inexact; it is clamped to cap anyway.
+		credit = credit + (now - ts) * count
+		ts = now
+	end
+	if credit > cap then
+		credit = cap
+	end
+	return credit, ts
+end

@@ -37,13 +37,7 @@ if credit > cap then
 	credit = cap
 end
 
-local now
-if ARGV[5] then
-	now = tonumber(ARGV[5])
-else
-	local t = redis.call("TIME")
-	now = t[1] * 1000000 + t[2]
-end
+local now = clock(ARGV[5]) -- convert.lua
 if now < ts then
 	now = ts
 end

@@ -20,13 +20,7 @@ local per = tonumber(ARGV[1])
 local count = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
 
-local now
-if ARGV[4] then
-	now = tonumber(ARGV[4])
-else
-	local t = redis.call("TIME")
-	now = t[1] * 1000000 + t[2]
-end
+local now = clock(ARGV[4]) -- convert.lua
 
 local left = 0
 local pausedUntil = tonumber(redis.call("GET", KEYS[2]))
@@ -34,17 +28,5 @@ if pausedUntil and pausedUntil > now then
 	left = pausedUntil - now
 end
 
-local st = redis.call("HMGET", key, "tokens", "ts", "per")
-local credit = tonumber(st[1])
-local ts = tonumber(st[2])
-if credit == nil or ts == nil then
-	return {cap, left}
-end
-credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
-if now > ts then
-	credit = credit + (now - ts) * count
-end
-if credit > cap then
-	credit = cap
-end
+local credit = refill(key, per, count, cap, now) -- convert.lua
 return {credit, left}

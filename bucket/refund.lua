@@ -33,13 +33,7 @@ local n = tonumber(ARGV[4])
 local id = ARGV[5]
 local memory = tonumber(ARGV[6])
 
-local now
-if ARGV[7] then
-	now = tonumber(ARGV[7])
-else
-	local t = redis.call("TIME")
-	now = t[1] * 1000000 + t[2]
-end
+local now = clock(ARGV[7]) -- convert.lua
 
 local s = redis.call("ZMSCORE", ids, "A:" .. id, "R:" .. id)
 local held = s[2] ~= false or (s[1] ~= false and tonumber(s[1]) > now - memory)
