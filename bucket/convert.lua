@@ -1,6 +1,6 @@
 -- convert.lua: the prelude of every bucket script that reads a bucket's
 -- hash (Go prepends it to bucket.lua, bucket_id.lua, giveback.lua,
--- peek.lua and refund.lua): convert, clock and refill.
+-- peek.lua and refund.lua): convert, clock, refill and giveBack.
 --
 -- convert returns credit, counted in the period sp (µs per token, the
 -- hash's per field; nil: the current one), counted in per instead: the
@@ -55,4 +55,41 @@ local function refill(key, per, count, cap, now)
 		credit = cap
 	end
 	return credit, ts
+end
+
+-- giveBack returns n tokens to the bucket in key's hash (its credit
+-- counted in per: convert), up to cap, without moving its ts, and returns
+-- the credit stored after (cap when full). A missing or partial hash is a
+-- full bucket and stays missing. The hash's expiry moves to the instant
+-- the bucket is full again, at ts + ceil((cap - credit) / count); it is
+-- deleted if that is not after now (or ts, when now is before it).
+local function giveBack(key, per, count, cap, n, now)
+	local st = redis.call("HMGET", key, "tokens", "ts", "per")
+	local credit, ts = tonumber(st[1]), tonumber(st[2])
+	if credit == nil or ts == nil then
+		return cap
+	end
+	credit = convert(credit, tonumber(st[3]), per, cap) + n * per
+	if credit > cap then
+		credit = cap
+	end
+	if now < ts then
+		now = ts
+	end
+	local full = math.floor((cap - credit) / count)
+	if full * count < cap - credit then
+		full = full + 1
+	end
+	local left = ts + full - now
+	if left <= 0 then
+		redis.call("DEL", key)
+		return cap
+	end
+	redis.call("HSET", key, "tokens", credit, "per", per)
+	local ttl = math.floor(left / 1000)
+	if ttl * 1000 < left then
+		ttl = ttl + 1
+	end
+	redis.call("PEXPIRE", key, ttl)
+	return credit
 end

@@ -41,35 +41,5 @@ if not held then
 	return 0
 end
 redis.call("ZREM", ids, "A:" .. id, "R:" .. id)
-
-local st = redis.call("HMGET", key, "tokens", "ts", "per")
-local credit = tonumber(st[1])
-local ts = tonumber(st[2])
-if credit == nil or ts == nil then
-	return 1
-end
-credit = convert(credit, tonumber(st[3]), per, cap) -- convert.lua
-credit = credit + n * per
-if credit > cap then
-	credit = cap
-end
-if now < ts then
-	now = ts
-end
--- The bucket is full at ts + ceil((cap - credit) / count).
-local full = math.floor((cap - credit) / count)
-if full * count < cap - credit then
-	full = full + 1
-end
-local left = ts + full - now
-if left <= 0 then
-	redis.call("DEL", key)
-	return 1
-end
-redis.call("HSET", key, "tokens", credit, "per", per)
-local ttl = math.floor(left / 1000)
-if ttl * 1000 < left then
-	ttl = ttl + 1
-end
-redis.call("PEXPIRE", key, ttl)
+giveBack(key, per, count, cap, n, now) -- convert.lua
 return 1
