@@ -46,10 +46,9 @@ type groupID struct {
 const maxBatch = 256
 
 var (
-	argKeys3 any = "3"
-	argKeys4 any = "4"
-	argTime  any = "" // now: the server's TIME
-	argExact any = "0"
+	argNumKeys     = [...]any{3: "3", 4: "4"} // numkeys of a lone call, boxed once
+	argTime    any = ""                       // now: the server's TIME
+	argExact   any = "0"
 )
 
 // argsPool holds the argument slices of lone calls (one allocation less
@@ -63,11 +62,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	}
 	buf := argsPool.Get().(*[]any)
 	args := windowScript.Start((*buf)[:0])
-	numKeys := argKeys3
-	if l.clock != nil {
-		numKeys = argKeys4
-	}
-	args = l.keys(append(args, numKeys), r)
+	args = l.keys(append(args, argNumKeys[l.keysPerWindow()]), r)
 	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, argOne, r.argN, r.member, r.horizon)
 	defer func() { // the command is done with its arguments
 		clear(args)
