@@ -36,16 +36,16 @@ type Batcher[Req, Res any] struct {
 	maxBatch int
 
 	mu       sync.Mutex
-	inFlight int  // lone calls, and the flusher
-	flushing bool // the flusher is running: it alone takes from the queue
+	inFlight int // lone calls, and flushers
 	queue    []*Call[Req, Res]
 }
 
 // MaxInFlight is how many calls of one Batcher may be in flight at once:
-// lone calls, and the flusher that sends the queue one batch at a time.
+// lone calls, and flushers that each send the queue one batch at a time.
 // Two keep Redis busy while the reply of one is being read and the next
 // is being written, and still let the queue build up into large batches
-// under load.
+// under load. With one flusher, Redis idled for half of every round
+// trip under load (a loopback round trip is as long as a batch's script).
 const MaxInFlight = 2
 
 // New returns a Batcher. one decides a lone request; many decides a batch,
@@ -104,19 +104,13 @@ func (b *Batcher[Req, Res]) InFlight() int {
 	return b.inFlight
 }
 
-// next is called when a lone call returns: unless the flusher is running,
-// it starts the flusher on what queued meanwhile, on a goroutine of its
-// own, else it frees its place.
+// next is called when a lone call returns: its place goes to a flusher of
+// what queued meanwhile, on a goroutine of its own, or is freed.
 func (b *Batcher[Req, Res]) next() {
 	b.mu.Lock()
-	var batch []*Call[Req, Res]
-	if !b.flushing {
-		batch = b.take()
-	}
+	batch := b.take()
 	if batch == nil {
 		b.inFlight--
-	} else {
-		b.flushing = true
 	}
 	b.mu.Unlock()
 	if batch != nil {
@@ -124,8 +118,11 @@ func (b *Batcher[Req, Res]) next() {
 	}
 }
 
-// flush is the flusher: one batch at a time, so that batches go in
-// arrival order, until the queue is empty.
+// flush is a flusher: one batch at a time, until the queue is empty. Each
+// batch is the oldest of the queue when taken, so batches go in about
+// arrival order; two in flight at once may reach the store in either
+// order (as a lone call and a batch always could), each still decided
+// exactly in one script call.
 func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
 	for batch != nil {
 		ctx, cancel := b.deadline.Bound(context.Background())
@@ -136,7 +133,6 @@ func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
 		}
 		b.mu.Lock()
 		if batch = b.take(); batch == nil {
-			b.flushing = false
 			b.inFlight--
 		}
 		b.mu.Unlock()

@@ -85,6 +85,9 @@ func TestQueuedCallsGoTogether(t *testing.T) {
 	if !slices.Equal(r.lone, []int{0, 1}) && !slices.Equal(r.lone, []int{1, 0}) {
 		t.Fatalf("lone calls %v, want 0 and 1", r.lone)
 	}
+	// Batches in flight together may record in either order; each is
+	// taken from the head of the queue.
+	slices.SortFunc(r.batches, func(a, b []int) int { return a[0] - b[0] })
 	var flushed []int
 	for _, batch := range r.batches {
 		if len(batch) > 3 {
@@ -102,6 +105,61 @@ func TestQueuedCallsGoTogether(t *testing.T) {
 	}
 	if b.InFlight() != 0 {
 		t.Fatalf("%d flushes in flight after all returned", b.InFlight())
+	}
+}
+
+// TestBatchesInFlightTogether: under load, every place in flight carries a
+// batch: when the lone calls return with calls queued, MaxInFlight
+// batches go at once, not one after another.
+func TestBatchesInFlightTogether(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 100)
+	var mu sync.Mutex
+	inMany, most := 0, 0
+	one := func(ctx context.Context, req int) (int, error) {
+		started <- struct{}{}
+		<-release
+		return req, nil
+	}
+	many := func(ctx context.Context, calls []*Call[int, int]) {
+		mu.Lock()
+		inMany++
+		most = max(most, inMany)
+		mu.Unlock()
+		<-started // wait for the other batch (or time out below)
+		mu.Lock()
+		inMany--
+		mu.Unlock()
+		for _, c := range calls {
+			c.Res = c.Req
+		}
+	}
+	b := New(time.Second, 2, one, many)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range MaxInFlight {
+		wg.Go(func() { b.Do(ctx, i) })
+	}
+	for range MaxInFlight {
+		<-started
+	}
+	for i := MaxInFlight; i < MaxInFlight+2*MaxInFlight; i++ {
+		wg.Go(func() { b.Do(ctx, i) })
+		waitQueued(t, b, i-MaxInFlight+1)
+	}
+	// Each batch waits for a token; give one per batch only once all of
+	// them could be in flight, so that one flusher at a time would take
+	// its batches one after another and see at most one in many.
+	close(release)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		for range 2 * MaxInFlight {
+			started <- struct{}{}
+		}
+	}()
+	wg.Wait()
+	if most != MaxInFlight {
+		t.Fatalf("at most %d batches in flight at once, want %d", most, MaxInFlight)
 	}
 }
 
