@@ -486,6 +486,45 @@ func TestRedisReservationTTL(t *testing.T) {
 	}
 }
 
+// TestRedisAllowIDKeepsOnlyItsWindow: admitted units of AllowID leave the
+// set with their window, as AllowN's do, while no reservation was made in
+// the last window and the late-claim grace (10 s); only then do they stay
+// the grace longer, for a late claim of a reservation among them.
+func TestRedisAllowIDKeepsOnlyItsWindow(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	clock := throttletest.NewClock(throttletest.T0)
+	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Second}, WithClock(clock))
+	key := l.key("k")
+	allowID := func(at time.Duration, id string, allowed, reserved bool) {
+		t.Helper()
+		clock.Set(throttletest.T0.Add(at))
+		d, err := l.AllowID(ctx, "k", 1, id, time.Minute)
+		if err != nil || d.Allowed != allowed || d.Reserved != reserved {
+			t.Fatalf("at %v, id %s: %+v, %v; want Allowed %v, Reserved %v", at, id, d, err, allowed, reserved)
+		}
+	}
+	card := func(want int64, why string) {
+		t.Helper()
+		if n := client.ZCard(ctx, key).Val(); n != want {
+			t.Fatalf("ZCARD = %d, want %d: %s", n, want, why)
+		}
+	}
+	allowID(0, "a", true, false)
+	allowID(100*time.Millisecond, "b", true, false)
+	allowID(1500*time.Millisecond, "c", true, false)
+	card(1, "a and b left their window, and no reservation was ever made")
+	allowID(1600*time.Millisecond, "d", true, false)
+	allowID(1700*time.Millisecond, "e", false, true) // reserved for 2.5 s
+	allowID(3600*time.Millisecond, "f", true, false)
+	card(4, "c, d and e (unclaimed) left their window within the grace of e's reservation")
+	allowID(3700*time.Millisecond, "e", true, false) // a late claim, on its reservation
+	allowID(12*time.Second, "g", true, false)
+	card(5, "c, d, f and e (claimed) are within the grace of e's reservation, at 2.5 s")
+	allowID(13600*time.Millisecond, "h", true, false)
+	card(1, "e's reservation is more than the window and 10 s old")
+}
+
 // TestRedisLostReply: a decision whose reply is lost (the call times out
 // while Redis is stopped, and Redis runs the script when it resumes) is
 // not charged again when the same id is presented again: it is admitted

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
@@ -72,91 +74,109 @@ func TestMemoryAndRedisDecideAlike(t *testing.T) {
 	// In seeds 5, 30 and 31 a claim re-reserves later while a slot-search
 	// hint is stored: the hint must be forgotten (window.lua's forget), or
 	// a later search skips a gap that Memory finds.
-	for _, seed := range []uint64{0, 1, 2, 3, 5, 30, 31} {
-		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(seed, 7))
-			clock := throttletest.NewClock(throttletest.T0)
-			mem, err := NewMemory(r, WithClock(clock))
-			if err != nil {
-				t.Fatal(err)
+	//
+	// With quiet gaps, about one step in 40 comes after 11 s of nothing:
+	// longer than the window and the late-claim grace, so window.lua drops
+	// an id's admitted units with their window until a reservation is made
+	// again.
+	for _, gaps := range []bool{false, true} {
+		for _, seed := range []uint64{0, 1, 2, 3, 5, 30, 31} {
+			name := fmt.Sprint("seed ", seed)
+			if gaps {
+				name += " with quiet gaps"
 			}
-			red := newTestRedis(t, client, r, WithClock(clock))
-			ctx := context.Background()
-			type admission struct {
-				at time.Duration
-				n  int
+			t.Run(name, func(t *testing.T) { replayOnMemoryAndRedis(t, client, r, seed, gaps) })
+		}
+	}
+}
+
+// replayOnMemoryAndRedis is one replay of TestMemoryAndRedisDecideAlike.
+func replayOnMemoryAndRedis(t *testing.T, client redis.Scripter, r throttle.Rate, seed uint64, gaps bool) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	quiet := rand.New(rand.NewPCG(seed, 8)) // apart from rng: the same requests with gaps or without
+	clock := throttletest.NewClock(throttletest.T0)
+	mem, err := NewMemory(r, WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	red := newTestRedis(t, client, r, WithClock(clock))
+	ctx := context.Background()
+	type admission struct {
+		at time.Duration
+		n  int
+	}
+	var adm []admission
+	at := time.Duration(0)
+	costs := map[string]int{}
+	admittedAt := map[string]time.Duration{} // ids admitted, and when they were charged
+	reserved := map[string]bool{}
+	var pending []string // reserved ids, in order
+	var reservations, claims int
+	for i := range 400 {
+		at += time.Duration(rng.IntN(400_000)) * time.Microsecond
+		if gaps && quiet.IntN(40) == 0 {
+			at += 11 * time.Second
+		}
+		clock.Set(throttletest.T0.Add(at))
+		id := fmt.Sprint("job-", rng.IntN(60))
+		if len(pending) > 0 && rng.IntN(2) == 0 {
+			id = pending[rng.IntN(len(pending))] // a reserved one comes back, early, on time or late
+		}
+		if _, ok := costs[id]; !ok {
+			costs[id] = 1 + rng.IntN(3)
+		}
+		n := costs[id]
+		horizon := []time.Duration{0, 2 * time.Second, 5 * time.Second}[rng.IntN(3)]
+		var dm, dr throttle.Decision
+		var errM, errR error
+		anonymous := rng.IntN(5) == 0
+		if anonymous {
+			dm, errM = mem.AllowN(ctx, "k", n)
+			dr, errR = red.AllowN(ctx, "k", n)
+		} else {
+			dm, errM = mem.AllowID(ctx, "k", n, id, horizon)
+			dr, errR = red.AllowID(ctx, "k", n, id, horizon)
+		}
+		if errM != nil || errR != nil {
+			t.Fatalf("step %d: errors %v, %v", i, errM, errR)
+		}
+		dm.Source, dr.Source = 0, 0
+		if dm != dr {
+			t.Fatalf("step %d at %v (id %s, n %d, horizon %v):\n memory %+v\n redis  %+v", i, at, id, n, horizon, dm, dr)
+		}
+		switch {
+		case dm.Reserved:
+			reservations++
+			if !reserved[id] {
+				reserved[id] = true
+				pending = append(pending, id)
 			}
-			var adm []admission
-			at := time.Duration(0)
-			costs := map[string]int{}
-			admittedAt := map[string]time.Duration{} // ids admitted, and when they were charged
-			reserved := map[string]bool{}
-			var pending []string // reserved ids, in order
-			var reservations, claims int
-			for i := range 400 {
-				at += time.Duration(rng.IntN(400_000)) * time.Microsecond
-				clock.Set(throttletest.T0.Add(at))
-				id := fmt.Sprint("job-", rng.IntN(60))
-				if len(pending) > 0 && rng.IntN(2) == 0 {
-					id = pending[rng.IntN(len(pending))] // a reserved one comes back, early, on time or late
-				}
-				if _, ok := costs[id]; !ok {
-					costs[id] = 1 + rng.IntN(3)
-				}
-				n := costs[id]
-				horizon := []time.Duration{0, 2 * time.Second, 5 * time.Second}[rng.IntN(3)]
-				var dm, dr throttle.Decision
-				var errM, errR error
-				anonymous := rng.IntN(5) == 0
-				if anonymous {
-					dm, errM = mem.AllowN(ctx, "k", n)
-					dr, errR = red.AllowN(ctx, "k", n)
-				} else {
-					dm, errM = mem.AllowID(ctx, "k", n, id, horizon)
-					dr, errR = red.AllowID(ctx, "k", n, id, horizon)
-				}
-				if errM != nil || errR != nil {
-					t.Fatalf("step %d: errors %v, %v", i, errM, errR)
-				}
-				dm.Source, dr.Source = 0, 0
-				if dm != dr {
-					t.Fatalf("step %d at %v (id %s, n %d, horizon %v):\n memory %+v\n redis  %+v", i, at, id, n, horizon, dm, dr)
-				}
-				switch {
-				case dm.Reserved:
-					reservations++
-					if !reserved[id] {
-						reserved[id] = true
-						pending = append(pending, id)
-					}
-				case dm.Allowed && !anonymous && reserved[id]:
-					claims++
-					delete(reserved, id)
-					pending = slices.DeleteFunc(pending, func(p string) bool { return p == id })
-				}
-				if last, ok := admittedAt[id]; dm.Allowed && (anonymous || !ok || at >= last+r.Per) {
-					// Charged (an id still counted is admitted again for free).
-					adm = append(adm, admission{at, n})
-					if !anonymous {
-						admittedAt[id] = at
-					}
-				}
+		case dm.Allowed && !anonymous && reserved[id]:
+			claims++
+			delete(reserved, id)
+			pending = slices.DeleteFunc(pending, func(p string) bool { return p == id })
+		}
+		if last, ok := admittedAt[id]; dm.Allowed && (anonymous || !ok || at >= last+r.Per) {
+			// Charged (an id still counted is admitted again for free).
+			adm = append(adm, admission{at, n})
+			if !anonymous {
+				admittedAt[id] = at
 			}
-			if reservations < 30 || claims < 20 {
-				t.Fatalf("only %d reservations and %d claims: the replay does not exercise them", reservations, claims)
+		}
+	}
+	if reservations < 30 || claims < 20 {
+		t.Fatalf("only %d reservations and %d claims: the replay does not exercise them", reservations, claims)
+	}
+	for i, a := range adm {
+		units := 0
+		for _, b := range adm[i:] {
+			if b.at < a.at+r.Per {
+				units += b.n
 			}
-			for i, a := range adm {
-				units := 0
-				for _, b := range adm[i:] {
-					if b.at < a.at+r.Per {
-						units += b.n
-					}
-				}
-				if units > r.Count {
-					t.Fatalf("%d units admitted in [%v, %v), limit %v", units, a.at, a.at+r.Per, r)
-				}
-			}
-		})
+		}
+		if units > r.Count {
+			t.Fatalf("%d units admitted in [%v, %v), limit %v", units, a.at, a.at+r.Per, r)
+		}
 	}
 }
 

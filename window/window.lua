@@ -45,8 +45,9 @@
 --
 -- For each request: units count while score > now - window; they are
 -- dropped once score <= now - window - grace (grace: AllowID's horizon, at
--- most 10 s; 0 for AllowN), so that a reservation that passed unclaimed
--- can still be claimed late. Then, for AllowID: an id with counted
+-- most 10 s; 0 for AllowN, and 0 while the schedule has no reservation
+-- within the last window and 10 s), so that a reservation that passed
+-- unclaimed can still be claimed late. Then, for AllowID: an id with counted
 -- admitted units is admitted again without a charge; an id with a future
 -- reservation is rejected with the time to it; an id whose slot has come
 -- (or passed, within the grace) is admitted now if the last window
@@ -172,6 +173,13 @@ local function decideKey(s, a, g)
 		end
 	end
 
+	-- Units stay in the set a grace after their window only so that a
+	-- reservation that passed unclaimed can still be claimed (see decide).
+	-- With none made in the last window and lateGrace (10 s), the schedule
+	-- says so, and the set keeps only its window, as for AllowN: a set
+	-- several times smaller, and ZCARD for ZCOUNT.
+	local late = newestReserved > now - window - 10000000
+
 	-- Paused (Pause): reject every request, writing nothing; retry_after is
 	-- the time left, reset_after covers the newest unit as well.
 	if pausedUntil and pausedUntil > now then
@@ -217,6 +225,9 @@ local function decideKey(s, a, g)
 				ids[#ids + 1] = "A1:" .. ARGV[i + 1]
 				ids[#ids + 1] = "R1:" .. ARGV[i + 1]
 			end
+		end
+		if not late then
+			grace = 0
 		end
 		if fast and ids then
 			local seen = {}
@@ -302,7 +313,8 @@ local function decideKey(s, a, g)
 	local scheduleKey = KEYS[s + 2]
 
 	-- writeSchedule stores newestReserved and the hint. The key lives until
-	-- the later of them has passed by a window.
+	-- the later of them has passed by a window, and newestReserved by
+	-- lateGrace more (see late).
 	local function writeSchedule()
 		if newestReserved == math.huge then
 			newestReserved = newestAfter(key, math.huge, now)
@@ -312,7 +324,7 @@ local function decideKey(s, a, g)
 			t = hintT
 		end
 		hintStored = t ~= 0
-		local ms = math.ceil((math.max(newestReserved, t, now) - now + window) / 1000)
+		local ms = math.ceil((math.max(newestReserved + 10000000, t, now) - now + window) / 1000)
 		redis.call("SET", scheduleKey, string.format("%d %d %d %d %d", newestReserved, t, hintC, limit, window), "PX", ms)
 	end
 
@@ -349,7 +361,7 @@ local function decideKey(s, a, g)
 		-- with its priority, for this long (lateGrace in schedule.go): its
 		-- units stay in the set, uncounted, until then.
 		local grace = 0
-		if withID then
+		if withID and late then
 			grace = math.min(horizon, 10000000)
 		end
 
