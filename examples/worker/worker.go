@@ -686,7 +686,46 @@ func jobCost(m jetstream.Msg) (int, error) {
 // With enqueue, each job is also handed to it right after it is
 // published; enqueue's second argument reports whether an earlier
 // attempt failed (the task may be there already).
+//
+// Each tenant's jobs go out in their order from a goroutine of their own,
+// as from producers of their own: a tenant that dumps thousands of jobs at
+// once delays only its own. One publisher for all would hold the other
+// tenants' jobs back behind the dump and release them in a clump, over
+// their limits, which is not the trace. The first error stops every
+// tenant's publishing and is returned.
 func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job, bool) error, out io.Writer) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for _, tenantJobs := range jobsByTenant(jobs) {
+		wg.Go(func() {
+			if err := publishInOrder(ctx, js, tracer, prop, tenantJobs, start, rec, enqueue, out); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	return context.Cause(ctx)
+}
+
+// jobsByTenant splits jobs by tenant, each tenant's in their order in jobs.
+func jobsByTenant(jobs []job) [][]job {
+	var split [][]job
+	index := map[string]int{}
+	for _, j := range jobs {
+		i, ok := index[j.Tenant]
+		if !ok {
+			i = len(split)
+			index[j.Tenant] = i
+			split = append(split, nil)
+		}
+		split[i] = append(split[i], j)
+	}
+	return split
+}
+
+// publishInOrder is publish for jobs one after another, in their order.
+func publishInOrder(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job, bool) error, out io.Writer) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
