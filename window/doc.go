@@ -108,7 +108,10 @@
 // (for a rejection behind reservations) starts where the last one found
 // no room, kept in a third key of the slot (the hint), so a flood of
 // reservations does not search the same full windows again at every
-// request. The instant is the Redis
+// request; a claim that comes late and is reserved again marks only the
+// window its units left as to be searched again. A claim reads only the
+// members between its slot and now, not its whole window. The instant is
+// the Redis
 // server's TIME, so every worker shares one clock, unless [WithClock] is
 // given: then the client's time is sent and clamped to the newest
 // admission of the key (kept in a second key of the same slot), so stored

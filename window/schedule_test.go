@@ -72,15 +72,16 @@ func TestMemoryAndRedisDecideAlike(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := throttle.Rate{Count: 5, Per: time.Second}
 	// In seeds 5, 30 and 31 a claim re-reserves later while a slot-search
-	// hint is stored: the hint must be forgotten (window.lua's forget), or
-	// a later search skips a gap that Memory finds.
+	// hint is stored: the instants its units left must be searched again
+	// (window.lua's vacated), or a later search skips a gap that Memory
+	// finds; in seeds 57 and 123, up to a whole window after them.
 	//
 	// With quiet gaps, about one step in 40 comes after 11 s of nothing:
 	// longer than the window and the late-claim grace, so window.lua drops
 	// an id's admitted units with their window until a reservation is made
 	// again.
 	for _, gaps := range []bool{false, true} {
-		for _, seed := range []uint64{0, 1, 2, 3, 5, 30, 31} {
+		for _, seed := range []uint64{0, 1, 2, 3, 5, 30, 31, 57, 123} {
 			name := fmt.Sprint("seed ", seed)
 			if gaps {
 				name += " with quiet gaps"

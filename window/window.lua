@@ -157,16 +157,16 @@ local function decideKey(s, a, g)
 	end
 	local pausedUntil = tonumber(got[2 * g])
 	-- The schedule (KEYS[2]): newestReserved bounds every reserved unit
-	-- from above; hintT (false: none) and hintC are the hint.
-	local newestReserved, hintT, hintC = 0, false, 0
+	-- from above; hintT (false: none), hintC and hintD are the hint.
+	local newestReserved, hintT, hintC, hintD = 0, false, 0, 0
 	local hintStored = false -- a hint is stored, for this limit and window or not
 	if got[2 * g - 1] then
-		local nr, t, c, lim, win = string.match(got[2 * g - 1], "^(%d+) (%d+) (%d+) (%d+) (%d+)$")
+		local nr, t, c, lim, win, d = string.match(got[2 * g - 1], "^(%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*)$")
 		if nr then
 			newestReserved = tonumber(nr)
 			hintStored = t ~= "0"
 			if t ~= "0" and tonumber(lim) == limit and tonumber(win) <= window then
-				hintT, hintC = tonumber(t), tonumber(c)
+				hintT, hintC, hintD = tonumber(t), tonumber(c), tonumber(d) or 0
 			end
 		else
 			newestReserved = math.huge -- not this script's format: look
@@ -308,8 +308,11 @@ local function decideKey(s, a, g)
 	-- search the same full windows again at every request. It holds while
 	-- units are only added or claimed (moved to the claim's instant): units
 	-- never leave an instant at or after now except when a claim re-reserves
-	-- later, which forgets the hint. It counts until T, and only for the
-	-- same limit and a window no longer than the current one.
+	-- later. Units gone from instant x make room at most in the windows
+	-- that held x, so such a claim marks [now, x + window) as unknown: D,
+	-- the end of that range, and the search looks there before it jumps to
+	-- T. It counts until T, and only for the same limit and a window no
+	-- longer than the current one.
 	local scheduleKey = KEYS[s + 2]
 
 	-- writeSchedule stores newestReserved and the hint. The key lives until
@@ -324,31 +327,43 @@ local function decideKey(s, a, g)
 			t = hintT
 		end
 		hintStored = t ~= 0
+		local d = 0
+		if t ~= 0 and hintD > now then
+			d = hintD
+		end
 		local ms = math.ceil((math.max(newestReserved + 10000000, t, now) - now + window) / 1000)
-		redis.call("SET", scheduleKey, string.format("%d %d %d %d %d", newestReserved, t, hintC, limit, window), "PX", ms)
+		redis.call("SET", scheduleKey, string.format("%d %d %d %d %d %d", newestReserved, t, hintC, limit, window, d), "PX", ms)
 	end
 
-	-- hinted returns the instant from which a request of cost n may fit.
+	-- hinted returns the instant T from which a request of cost n may fit,
+	-- and D: [now, D) must be searched first (D <= now: nothing to search).
 	local function hinted(n)
 		if hintT and hintC <= n and hintT > now then
-			return hintT
+			return hintT, hintD
 		end
-		return now
+		return now, now
 	end
 
-	-- remember records that nothing of cost n fits before slot, unless the
-	-- hint already says more.
+	-- remember records that nothing of cost n fits before slot (a search
+	-- that covered [now, slot)), unless the hint already says more.
 	local function remember(slot, n)
 		if hintT and hintT > now and (slot < hintT or n > hintC) then
 			return
 		end
-		hintT, hintC = slot, n
+		hintT, hintC, hintD = slot, n, 0
 		writeSchedule()
 	end
 
-	local function forget()
-		if hintT or hintStored then
-			hintT, hintC, hintStored = false, 0, false
+	-- vacated marks the instants that units leaving instant x (<= now) may
+	-- have made room at: [now, x + window).
+	local function vacated(x)
+		if hintT and hintT > now then
+			if x + window > hintD then
+				hintD = x + window
+				writeSchedule()
+			end
+		elseif hintStored then
+			hintT, hintC, hintD, hintStored = false, 0, 0, false
 			writeSchedule()
 		end
 	end
@@ -473,6 +488,70 @@ local function decideKey(s, a, g)
 			return newest()
 		end
 
+		-- firstFit returns the first instant in [from, stop) at which n
+		-- units fit (every window containing it stays within limit), or nil.
+		-- at[] holds every unit in range.
+		local function firstFit(from, stop, tail)
+			from = math.min(from, tail)
+			-- No room anywhere in [from, tail) when the units in [tail -
+			-- window, from] are too many: each of them counts at every instant
+			-- of it.
+			if from >= stop or redis.call("ZCOUNT", key, string.format("%d", tail - window), string.format("%d", from)) > limit - n then
+				return nil
+			end
+			local raw = redis.call("ZRANGE", key, excl(from - window), excl(stop + window), "BYSCORE", "WITHSCORES")
+			local at = {}
+			for i = 2, #raw, 2 do
+				at[#at + 1] = tonumber(raw[i])
+			end
+			local len = #at
+			local room = limit - n
+			local lo, hi, sum = 1, 1, 0
+			local q, qlo, qhi, qsum = 1, 1, 1, 0
+			local s = from
+			while s < stop do
+				while hi <= len and at[hi] <= s do
+					sum = sum + 1
+					hi = hi + 1
+				end
+				while lo < hi and at[lo] <= s - window do
+					sum = sum - 1
+					lo = lo + 1
+				end
+				if q < hi then
+					q = hi
+				end
+				local bad = false
+				while q <= len and at[q] < s + window do
+					while qhi <= len and at[qhi] <= at[q] do
+						qsum = qsum + 1
+						qhi = qhi + 1
+					end
+					while qlo < qhi and at[qlo] <= at[q] - window do
+						qsum = qsum - 1
+						qlo = qlo + 1
+					end
+					if qsum > room then
+						bad = true
+						break
+					end
+					q = qhi
+				end
+				if sum <= room and not bad then
+					return s
+				end
+				local nxt = s + 1
+				if sum > room and at[lo] + window > nxt then
+					nxt = at[lo] + window
+				end
+				if bad and at[q] + 1 > nxt then
+					nxt = at[q] + 1
+				end
+				s = nxt
+			end
+			return nil
+		end
+
 		if withID then
 			local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
 			if s[1] and tonumber(s[1]) > now - window then
@@ -497,21 +576,37 @@ local function decideKey(s, a, g)
 				if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
 					return admit()
 				end
-				local raw = redis.call("ZRANGE", key, excl(now - window), now, "BYSCORE", "WITHSCORES")
-				local at = {}
+				-- Every unit before its slot is ahead of it; of those at or
+				-- after it, the admissions only. A claim comes about on time,
+				-- so [slot, now] is read member by member, not the window.
+				local from, before = slot, 0
+				if slot > now - window then
+					before = redis.call("ZCOUNT", key, excl(now - window), excl(slot))
+				else
+					from = excl(now - window)
+				end
+				local raw = redis.call("ZRANGE", key, from, now, "BYSCORE", "WITHSCORES")
+				local after = {} -- scores of the admissions in [slot, now], oldest first
 				for i = 1, #raw, 2 do
-					local score = tonumber(raw[i + 1])
-					if string.byte(raw[i]) ~= 82 or score < slot then -- 82: "R"
-						at[#at + 1] = score
+					if string.byte(raw[i]) ~= 82 then -- 82: "R"
+						after[#after + 1] = tonumber(raw[i + 1])
 					end
 				end
-				if #at + n <= limit then
+				if before + #after + n <= limit then
 					return admit()
 				end
-				-- Its units move later than now: instants before them may
-				-- have room again, so the hint no longer holds.
-				forget()
-				return reject(at[#at + n - limit] + window, true)
+				-- Its units move from its slot to later than now: instants
+				-- of the windows that held them may have room again. They
+				-- go where the k-th oldest unit ahead of them leaves.
+				vacated(slot)
+				local k = before + #after + n - limit
+				local leaves
+				if k <= before then
+					leaves = kth(now - window, k)
+				else
+					leaves = after[k - before]
+				end
+				return reject(leaves + window, true)
 			end
 		end
 
@@ -525,68 +620,19 @@ local function decideKey(s, a, g)
 		local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
 		if top > now then
 			-- Reservations ahead: look for a gap before the tail (firstFit in
-			-- schedule.go), within 16 windows, from the hint's instant (no
-			-- room before it) or now. at[] holds every unit in range.
-			local from = math.min(hinted(n), tail)
+			-- schedule.go), within 16 windows: in what the hint marks as
+			-- unknown ([now, D)), then from the hint's instant (no room
+			-- before it) or now.
 			local stop = math.min(tail, now + 16 * window)
-			-- No room anywhere in [from, tail) when the units in [tail -
-			-- window, from] are too many: each of them counts at every instant
-			-- of it.
-			local full = from >= stop or redis.call("ZCOUNT", key, string.format("%d", tail - window), string.format("%d", from)) > limit - n
-			if not full then
-				local raw = redis.call("ZRANGE", key, excl(from - window), excl(stop + window), "BYSCORE", "WITHSCORES")
-				local at = {}
-				for i = 2, #raw, 2 do
-					at[#at + 1] = tonumber(raw[i])
-				end
-				local len = #at
-				local room = limit - n
-				local lo, hi, sum = 1, 1, 0
-				local q, qlo, qhi, qsum = 1, 1, 1, 0
-				local s = from
-				slot = tail
-				while s < stop do
-					while hi <= len and at[hi] <= s do
-						sum = sum + 1
-						hi = hi + 1
-					end
-					while lo < hi and at[lo] <= s - window do
-						sum = sum - 1
-						lo = lo + 1
-					end
-					if q < hi then
-						q = hi
-					end
-					local bad = false
-					while q <= len and at[q] < s + window do
-						while qhi <= len and at[qhi] <= at[q] do
-							qsum = qsum + 1
-							qhi = qhi + 1
-						end
-						while qlo < qhi and at[qlo] <= at[q] - window do
-							qsum = qsum - 1
-							qlo = qlo + 1
-						end
-						if qsum > room then
-							bad = true
-							break
-						end
-						q = qhi
-					end
-					if sum <= room and not bad then
-						slot = s
-						break
-					end
-					local nxt = s + 1
-					if sum > room and at[lo] + window > nxt then
-						nxt = at[lo] + window
-					end
-					if bad and at[q] + 1 > nxt then
-						nxt = at[q] + 1
-					end
-					s = nxt
-				end
+			local from, unknownUntil = hinted(n)
+			local found
+			if unknownUntil > now then
+				found = firstFit(now, math.min(unknownUntil, stop), tail)
 			end
+			if not found then
+				found = firstFit(math.max(from, unknownUntil), stop, tail)
+			end
+			slot = found or tail
 			if slot > now and not peek then
 				remember(slot, n)
 			end
