@@ -61,6 +61,10 @@ const (
 	// DispositionAbandoned: rejected on its last delivery and not held,
 	// because the Handler was closing; left unacknowledged.
 	DispositionAbandoned = "abandoned"
+	// DispositionSuperseded: a delivery that waited in process while the
+	// server delivered its message again; dropped, the newer delivery
+	// runs instead (see the package documentation).
+	DispositionSuperseded = "superseded"
 	// DispositionStalled: seen by a handler built from a bad configuration
 	// and held unhandled with InProgress (see NewHandler).
 	DispositionStalled = "stalled"

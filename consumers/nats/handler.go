@@ -58,6 +58,7 @@ type Handler struct {
 	heartbeats atomic.Int64 // InProgress sent for held messages
 
 	storeErrs throttle.StoreErrors // rate limit of store failures reported
+	waiters   deliveries           // the newest delivery of each message waiting here
 }
 
 // New returns a Handler that gates next with g. next and g are required;
@@ -220,27 +221,33 @@ func (h *Handler) handle(msg jetstream.Msg, arrived time.Time) {
 		span.End()
 		return
 	}
-	h.decide(ctx, span, &request{msg: msg, key: key, cost: cost, id: requestID(msg), arrived: arrived})
+	r := &request{msg: msg, key: key, cost: cost, arrived: arrived}
+	r.id, r.delivery = requestID(msg)
+	if r.id != "" {
+		h.waiters.arrived(r.id, r.delivery)
+	}
+	h.decide(ctx, span, r)
 }
 
 // request is a message being decided, with its key, cost and identity.
 type request struct {
-	msg     jetstream.Msg
-	key     string
-	cost    int
-	id      string    // "" when the message has no metadata
-	arrived time.Time // when this delivery reached Handle
+	msg      jetstream.Msg
+	key      string
+	cost     int
+	id       string    // "" when the message has no metadata
+	delivery uint64    // its NumDelivered (0 without metadata)
+	arrived  time.Time // when this delivery reached Handle
 }
 
 // requestID is the identity the Gate decides msg by: its stream and
 // stream sequence, the same on every delivery and for every consumer of
-// the stream, or "" without metadata.
-func requestID(msg jetstream.Msg) string {
+// the stream, or "" without metadata; and the delivery's count.
+func requestID(msg jetstream.Msg) (string, uint64) {
 	md, err := msg.Metadata()
 	if err != nil {
-		return ""
+		return "", 0
 	}
-	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10)
+	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10), md.NumDelivered
 }
 
 // decide makes one decision for r and acts on it: runs the handler,
@@ -294,6 +301,9 @@ func (h *Handler) startHold(ctx context.Context, span trace.Span, r *request, d 
 	h.holding.Add(1)
 	h.held.Add(1)
 	h.mu.Unlock()
+	if r.id != "" {
+		h.waiters.wait(r.id, r.delivery)
+	}
 	go h.hold(ctx, span, r, d)
 }
 
@@ -313,6 +323,9 @@ func (h *Handler) startWait(r *request, d time.Duration) bool {
 	}
 	h.wg.Add(1)
 	h.waiting.Add(1)
+	if r.id != "" {
+		h.waiters.wait(r.id, r.delivery)
+	}
 	return true
 }
 
@@ -328,7 +341,15 @@ func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.
 	case <-timer.C:
 	case <-h.stop:
 		timer.Stop()
+		h.waitDone(r)
 		h.nak(ctx, span, r.msg, max(d-time.Since(start), time.Millisecond), false)
+		span.End()
+		return
+	}
+	superseded := r.id != "" && h.waiters.superseded(r.id, r.delivery)
+	h.waitDone(r)
+	if superseded {
+		h.supersede(ctx, span, r)
 		span.End()
 		return
 	}
@@ -429,6 +450,7 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, r *request, d throt
 	msg := r.msg
 	defer h.wg.Done()
 	defer span.End()
+	defer h.waitDone(r)
 	span.SetAttributes(HeldAttr.Bool(true))
 	if h.cfg.logger != nil {
 		h.cfg.logger.DebugContext(ctx, "natsthrottle: holding message on its last delivery",
@@ -471,6 +493,10 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, r *request, d throt
 			h.abandon(ctx, span, msg)
 			return
 		default:
+		}
+		if r.id != "" && h.waiters.superseded(r.id, r.delivery) {
+			h.supersede(ctx, span, r)
+			return
 		}
 		if time.Since(lastBeat)+h.decisions() > h.heartbeat {
 			// The decision may take up to the decision timeout (twice

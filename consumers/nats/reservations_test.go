@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // nakCounter counts the NAKs of the messages it wraps, by stream sequence.
@@ -211,3 +212,50 @@ type countedBatch struct {
 }
 
 func (b countedBatch) Messages() <-chan jetstream.Msg { return b.msgs }
+
+// TestSupersededDeliveryNotRun: when the server delivers a message again
+// while an earlier delivery of it waits in process for its reserved slot
+// (as a restarted server does with what it had pending), only the newest
+// delivery runs the handler: both would be admitted at the slot, the
+// second for free on the first's admission.
+func TestSupersededDeliveryNotRun(t *testing.T) {
+	e := newEnv(t)
+	cfg := jetstream.ConsumerConfig{MaxDeliver: 10, AckWait: 4 * time.Second}
+	c := e.consumer(t, cfg)
+	r := throttle.Rate{Count: 1, Per: 600 * time.Millisecond}
+	lim, err := window.NewMemory(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := throttle.NewGate(lim, throttle.WithReservations(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	var reported errs
+	h := newHandler(t, rec.handle, g, WithErrorHandler(reported.handle), WithConsumerConfig(cfg))
+	e.publish(t, "jobs.k", "first", nil)
+	second := e.publish(t, "jobs.k", "second", nil)
+	consume(t, c, func(m jetstream.Msg) {
+		if md, err := m.Metadata(); err == nil && md.Sequence.Stream == second && md.NumDelivered == 1 {
+			// While this delivery waits for its slot (600 ms ahead), the
+			// server delivers the message again.
+			time.AfterFunc(100*time.Millisecond, func() { _ = m.Nak() })
+		}
+		h.Handle(m)
+	})
+	waitFor(t, 5*time.Second, "both messages handled", func() bool { return rec.len() >= 2 })
+	time.Sleep(500 * time.Millisecond) // room for a second run to show up
+	var runs []uint64
+	for _, rc := range rec.records() {
+		if rc.seq == second {
+			runs = append(runs, rc.delivered)
+		}
+	}
+	if len(runs) != 1 || runs[0] != 2 {
+		t.Fatalf("the second message ran on deliveries %v, want once, on its newest delivery (2)", runs)
+	}
+	if errs := reported.all(); len(errs) > 0 {
+		t.Errorf("error handler got %d errors, first %v", len(errs), errs[0])
+	}
+}
