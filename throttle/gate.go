@@ -182,10 +182,12 @@ func (g *Gate) Admit(ctx context.Context, key string, n int) (Decision, error) {
 // AllowID and the Gate's reservation horizon (WithReservations), so an id
 // already admitted is not charged again and, with a horizon, a rejection
 // reserves the request's own future slot (Decision.Reserved). Otherwise
-// it is Admit. Failures and errors are as for Admit; a degraded decision
-// reserves nothing.
+// it is Admit, and so it is for an empty id: a caller's id function that
+// found none must not make every such request one identity, admitted
+// again for free. Failures and errors are as for Admit; a degraded
+// decision reserves nothing.
 func (g *Gate) AdmitID(ctx context.Context, key string, n int, id string) (Decision, error) {
-	return g.admit(ctx, key, n, id, true)
+	return g.admit(ctx, key, n, id, id != "")
 }
 
 func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bool) (Decision, error) {

@@ -356,6 +356,20 @@ func TestGateAdmitID(t *testing.T) {
 	_, hasReserved := spanAttrs(spans[3])[throttle.ReservedAttr]
 	require.False(t, hasReserved, "Admit's spans carry no throttle.reserved")
 
+	t.Run("an empty id is no identity", func(t *testing.T) {
+		lim, err := window.NewMemory(throttle.Rate{Count: 1, Per: time.Second}, window.WithClock(clock))
+		require.NoError(t, err)
+		g, err := throttle.NewGate(lim, throttle.WithReservations(5*time.Second))
+		require.NoError(t, err)
+		d, err := g.AdmitID(ctx, "tenant", 1, "")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		d, err = g.AdmitID(ctx, "tenant", 1, "")
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "a second request without an id is charged, not admitted as the first")
+		require.False(t, d.Reserved, "without an id nothing is reserved")
+	})
+
 	t.Run("without reservations", func(t *testing.T) {
 		lim, err := window.NewMemory(throttle.Rate{Count: 1, Per: time.Second}, window.WithClock(clock))
 		require.NoError(t, err)

@@ -235,7 +235,7 @@ func TestSummary(t *testing.T) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
 		}
 	}
-	if last := lastLine(out); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 4 never handled (a3), 1 handled more than once (a2 x2 at stream seq [2 2])") {
+	if last := lastLine(out); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 4 not handled: 1 lost (terminated, or dropped at MaxDeliver), 0 never handled (a3), 1 handled more than once (a2 x2 at stream seq [2 2])") {
 		t.Errorf("last line = %q", last)
 	}
 }
@@ -714,6 +714,9 @@ func TestRunNeverAdmissible(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "throttle error: jobs.big:") {
 		t.Error("the termination is not reported")
+	}
+	if last := lastLine(out.String()); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 2 not handled: 1 lost (terminated, or dropped at MaxDeliver), 0 never handled (huge-1)") {
+		t.Errorf("last line %q does not call the terminated job lost", last)
 	}
 }
 

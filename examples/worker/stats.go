@@ -672,7 +672,18 @@ func (rep report) verdict() string {
 // failures says which jobs were not handled exactly once.
 func (rep report) failures() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d of %d never handled", len(rep.Missing), rep.Jobs)
+	lost := 0
+	for _, t := range rep.Tenants {
+		lost += t.Terms + t.MaxDeliver
+	}
+	if lost > 0 {
+		// Lost jobs are unhandled too, but the broker gave up on them: the
+		// rest were still waiting when the run ended.
+		fmt.Fprintf(&b, "%d of %d not handled: %d lost (terminated, or dropped at MaxDeliver), %d never handled",
+			len(rep.Missing), rep.Jobs, lost, max(len(rep.Missing)-lost, 0))
+	} else {
+		fmt.Fprintf(&b, "%d of %d never handled", len(rep.Missing), rep.Jobs)
+	}
 	if len(rep.Missing) > 0 {
 		b.WriteString(" (" + sample(rep.Missing) + ")")
 	}
