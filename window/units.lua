@@ -3,14 +3,20 @@
 -- unitName is the member of unit i of n of a request: base itself for a
 -- lone unit of AllowN, base..":"..i for more; with a prefix (AllowID's
 -- "A" for admitted units, "R" for reserved ones) prefix..i..":"..base.
+local unitNumbers = {} -- i as a string: concatenating a number formats it with %.14g every time
 local function unitName(prefix, i, n, base)
-	if prefix then
-		return prefix .. i .. ":" .. base
-	end
-	if n == 1 then
+	if not prefix and n == 1 then
 		return base
 	end
-	return base .. ":" .. i
+	local num = unitNumbers[i]
+	if not num then
+		num = string.format("%d", i)
+		unitNumbers[i] = num
+	end
+	if prefix then
+		return prefix .. num .. ":" .. base
+	end
+	return base .. ":" .. num
 end
 
 -- addUnits adds members (an array) to the sorted set key at score, in

@@ -268,14 +268,24 @@ local function decideKey(s, a, g)
 					if ARGV[i + 2] ~= "-1" then
 						prefix = "A"
 					end
-					for j = 1, n do
-						members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
+					if n == 1 and prefix then
+						members[#members + 1] = "A1:" .. ARGV[i + 1] -- unitName, without formatting 1
+					elseif n == 1 then
+						members[#members + 1] = ARGV[i + 1]
+					else
+						for j = 1, n do
+							members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
+						end
 					end
 					held = held + n
 					out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 1, limit - held, 0, reset, 0
 					o = o + 5
 				end
-				addUnits(key, str(now), members)
+				if #members == 1 then
+					redis.call("ZADD", key, str(now), members[1])
+				else
+					addUnits(key, str(now), members)
+				end
 				local keep = 0
 				if ids then
 					keep = 10000000 -- lateGrace: an id is known that long (see decide)
