@@ -157,11 +157,12 @@ func (m *Memory) Len() int {
 }
 
 // sweep forgets the keys whose every unit has left its window (the window
-// of the key's last decision, plus the µs a reading between two µs adds),
-// and schedules the next sweep every window.
+// of the key's last decision, plus the µs a reading between two µs adds)
+// and whose reservations can no longer be claimed late, and schedules the
+// next sweep every window.
 func (s *memoryShard) sweep(now, window int64) {
 	for k, l := range s.logs {
-		if l.newest()+l.span+1 <= now && l.lateUntil <= now {
+		if l.idle(now) {
 			delete(s.logs, k)
 		}
 	}

@@ -68,6 +68,23 @@ func grace(withID bool, horizon int64) int64 {
 
 func (l *windowLog) live() []entry { return l.es[l.head:] }
 
+// idle reports whether l decides nothing any more by now: every unit left
+// its window, and no reservation can be claimed late. A reservation that
+// left its window reaches late only at the next decision's drop, so the
+// live ones count with the longest grace (the next decision's drop
+// forgets what its own grace does not cover).
+func (l *windowLog) idle(now int64) bool {
+	if l.newest()+l.span+1 > now || l.lateUntil > now {
+		return false
+	}
+	for _, e := range l.live() {
+		if e.reserved && e.at+l.span+lateGrace > now {
+			return false
+		}
+	}
+	return true
+}
+
 // newest returns the instant of the newest entry, or floor.
 func (l *windowLog) newest() int64 {
 	if len(l.es) > l.head {

@@ -218,3 +218,35 @@ func TestSubMicrosecondReadings(t *testing.T) {
 		})
 	}
 }
+
+// TestSweepKeepsLateReservations: Memory's sweep of idle keys does not
+// forget a key whose unclaimed reservations left their window but can
+// still be claimed late (they reach the late slots only at the next
+// decision): both late claims keep their priority, as in window.lua.
+func TestSweepKeepsLateReservations(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := throttle.Rate{Count: 1, Per: time.Second}
+	clock := throttletest.NewClock(throttletest.T0)
+	mem, err := NewMemory(r, WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	red := newTestRedis(t, client, r, WithClock(clock))
+	ctx := context.Background()
+	step := func(at time.Duration, id string) {
+		t.Helper()
+		clock.Set(throttletest.T0.Add(at))
+		dm, errM := mem.AllowID(ctx, "k", 1, id, 5*time.Second)
+		dr, errR := red.AllowID(ctx, "k", 1, id, 5*time.Second)
+		dm.Source, dr.Source = 0, 0
+		if errM != nil || errR != nil || dm != dr {
+			t.Fatalf("at %v, id %s:\n memory %+v, %v\n redis  %+v, %v", at, id, dm, errM, dr, errR)
+		}
+	}
+	step(0, "x")                     // admitted
+	step(0, "y")                     // reserved at 1 s
+	step(0, "w")                     // reserved at 2 s
+	step(3500*time.Millisecond, "z") // admitted; the sweep runs first
+	step(3500*time.Millisecond, "w") // a late claim: reserved again at 4.5 s
+	step(3500*time.Millisecond, "y") // a late claim, ahead of w's: 4.5 s as well, not behind as a newcomer
+}
