@@ -58,9 +58,10 @@
 //     server instead. When the server delivers the message again while a
 //     delivery of it waits here (a restarted server redelivers what it had
 //     pending), only the newest delivery runs the wrapped handler: the
-//     earlier one is dropped when its wait ends, neither acknowledged nor
-//     NAKed (DispositionSuperseded), as both would be admitted at the
-//     slot, the second for free.
+//     earlier one is dropped when its wait ends or, if the newer one
+//     comes while it is being decided, before it would run; neither
+//     acknowledged nor NAKed (DispositionSuperseded), as both would be
+//     admitted at the slot, the second for free.
 //   - Rejected without a reservation: the message is NAKed with the
 //     decision's RetryAfter plus a jitter (WithJitter; default up to 10% of
 //     RetryAfter, at most 100 ms), and the wrapped handler does not run. A

@@ -222,10 +222,8 @@ func (h *Handler) handle(msg jetstream.Msg, arrived time.Time) {
 		return
 	}
 	r := &request{msg: msg, key: key, cost: cost, arrived: arrived}
-	r.id, r.delivery = requestID(msg)
-	if r.id != "" {
-		h.waiters.arrived(r.id, r.delivery)
-	}
+	r.id, r.consumer, r.delivery = requestID(msg)
+	h.deliveryArrived(r)
 	h.decide(ctx, span, r)
 }
 
@@ -235,19 +233,21 @@ type request struct {
 	key      string
 	cost     int
 	id       string    // "" when the message has no metadata
+	consumer string    // the consumer that delivered it ("" without metadata)
 	delivery uint64    // its NumDelivered (0 without metadata)
 	arrived  time.Time // when this delivery reached Handle
 }
 
 // requestID is the identity the Gate decides msg by: its stream and
 // stream sequence, the same on every delivery and for every consumer of
-// the stream, or "" without metadata; and the delivery's count.
-func requestID(msg jetstream.Msg) (string, uint64) {
+// the stream, or "" without metadata; and the consumer and count of the
+// delivery.
+func requestID(msg jetstream.Msg) (id, consumer string, delivery uint64) {
 	md, err := msg.Metadata()
 	if err != nil {
-		return "", 0
+		return "", "", 0
 	}
-	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10), md.NumDelivered
+	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10), md.Consumer, md.NumDelivered
 }
 
 // decide makes one decision for r and acts on it: runs the handler,
@@ -301,9 +301,7 @@ func (h *Handler) startHold(ctx context.Context, span trace.Span, r *request, d 
 	h.holding.Add(1)
 	h.held.Add(1)
 	h.mu.Unlock()
-	if r.id != "" {
-		h.waiters.wait(r.id, r.delivery)
-	}
+	h.waitStarted(r)
 	go h.hold(ctx, span, r, d)
 }
 
@@ -323,9 +321,7 @@ func (h *Handler) startWait(r *request, d time.Duration) bool {
 	}
 	h.wg.Add(1)
 	h.waiting.Add(1)
-	if r.id != "" {
-		h.waiters.wait(r.id, r.delivery)
-	}
+	h.waitStarted(r)
 	return true
 }
 
@@ -341,14 +337,19 @@ func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.
 	case <-timer.C:
 	case <-h.stop:
 		timer.Stop()
+		if h.superseded(r) {
+			h.supersede(ctx, span, r) // a NAK would bring back a message the newer delivery has
+		} else {
+			h.nak(ctx, span, r.msg, max(d-time.Since(start), time.Millisecond), false)
+		}
 		h.waitDone(r)
-		h.nak(ctx, span, r.msg, max(d-time.Since(start), time.Millisecond), false)
 		span.End()
 		return
 	}
-	superseded := r.id != "" && h.waiters.superseded(r.id, r.delivery)
-	h.waitDone(r)
-	if superseded {
+	// Still registered while deciding: a newer delivery that arrives
+	// meanwhile is seen before the handler runs (decided).
+	defer h.waitDone(r)
+	if h.superseded(r) {
 		h.supersede(ctx, span, r)
 		span.End()
 		return
@@ -380,6 +381,11 @@ func (h *Handler) decided(ctx context.Context, span trace.Span, r *request, d th
 			return errorRetry, false
 		}
 		return d.RetryAfter, false
+	case d.Allowed && h.superseded(r):
+		// Admitted, but a newer delivery of the message arrived while this
+		// one waited: that one runs (admitted again, free), not both.
+		h.supersede(ctx, span, r)
+		return 0, true
 	case d.Allowed:
 		s, retry, ok := h.acquire(ctx, span, r)
 		if !ok {
@@ -494,7 +500,7 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, r *request, d throt
 			return
 		default:
 		}
-		if r.id != "" && h.waiters.superseded(r.id, r.delivery) {
+		if h.superseded(r) {
 			h.supersede(ctx, span, r)
 			return
 		}
