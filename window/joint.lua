@@ -59,18 +59,6 @@ else
 	end
 end
 
-local function excl(x)
-	return "(" .. string.format("%d", x)
-end
-
-local function newest(key)
-	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
-	if top then
-		return tonumber(top)
-	end
-	return now
-end
-
 -- fitsNow: n units at now keep the window ending at now, and every window
 -- ending at a unit in (now, now + window), within limit.
 local function fitsNow(key, window, limit)
@@ -115,7 +103,7 @@ for i = 1, parts do
 	redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
 	local count = redis.call("ZCARD", key)
 	counts[i] = count
-	local top = newest(key)
+	local top = newestScore(key, now)
 	local pausedUntil = tonumber(redis.call("GET", KEYS[3 * i]))
 	local paused = pausedUntil and pausedUntil > now
 	local fits = not paused and (count + n <= limit or (top > now and fitsNow(key, window, limit)))

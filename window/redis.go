@@ -25,8 +25,8 @@ import (
 //go:embed window.lua
 var windowLua string
 
-// unitsLua is the prelude of window.lua and joint.lua: unit members and
-// their ZADDs.
+// unitsLua is the prelude of window.lua and joint.lua: unit members, their
+// ZADDs, the newest score and exclusive score bounds.
 //
 //go:embed units.lua
 var unitsLua string

@@ -19,9 +19,29 @@ local function unitName(prefix, i, n, base)
 	return base .. ":" .. num
 end
 
+-- excl is the exclusive score bound "(x" (string.format keeps every digit,
+-- where concatenation would print a µs instant in %.14g).
+local function excl(x)
+	return "(" .. string.format("%d", x)
+end
+
+-- newestScore returns the score of key's newest unit, or none when the set
+-- is empty.
+local function newestScore(key, none)
+	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
+	if top then
+		return tonumber(top)
+	end
+	return none
+end
+
 -- addUnits adds members (an array) to the sorted set key at score, in
 -- ZADDs of at most 500 members, which keep unpack() within Lua's stack.
 local function addUnits(key, score, members)
+	if #members == 1 then
+		redis.call("ZADD", key, score, members[1]) -- most calls: no table to build
+		return
+	end
 	local args, k = {}, 0
 	for i = 1, #members do
 		if k == 1000 then

@@ -132,11 +132,7 @@ local function newestAfter(key, bound, now)
 	if bound <= now then
 		return now
 	end
-	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
-	if top and tonumber(top) > now then
-		return tonumber(top)
-	end
-	return now
+	return math.max(newestScore(key, now), now)
 end
 
 -- decideKey decides the requests of the key whose KEYS start after s and
@@ -185,7 +181,7 @@ local function decideKey(s, a, g)
 	if pausedUntil and pausedUntil > now then
 		local left = pausedUntil - now
 		local reset = left
-		local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+		local top = newestScore(key, nil)
 		if top and top + nominal - now > reset then
 			reset = top + nominal - now
 		end
@@ -268,24 +264,14 @@ local function decideKey(s, a, g)
 					if ARGV[i + 2] ~= "-1" then
 						prefix = "A"
 					end
-					if n == 1 and prefix then
-						members[#members + 1] = "A1:" .. ARGV[i + 1] -- unitName, without formatting 1
-					elseif n == 1 then
-						members[#members + 1] = ARGV[i + 1]
-					else
-						for j = 1, n do
-							members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
-						end
+					for j = 1, n do
+						members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
 					end
 					held = held + n
 					out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 1, limit - held, 0, reset, 0
 					o = o + 5
 				end
-				if #members == 1 then
-					redis.call("ZADD", key, str(now), members[1])
-				else
-					addUnits(key, str(now), members)
-				end
+				addUnits(key, str(now), members)
 				local keep = 0
 				if ids then
 					keep = 10000000 -- lateGrace: an id is known that long (see decide)
@@ -304,12 +290,6 @@ local function decideKey(s, a, g)
 
 	local function newestUnit()
 		return newestAfter(key, newestReserved, now)
-	end
-
-	-- excl is the exclusive score bound "(x" (string.format keeps every digit,
-	-- where concatenation would print a µs instant in %.14g).
-	local function excl(x)
-		return "(" .. string.format("%d", x)
 	end
 
 	-- The hint (in the schedule, KEYS[2]): an instant T before which no
@@ -450,11 +430,7 @@ local function decideKey(s, a, g)
 		end
 
 		local function newest()
-			local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
-			if top then
-				return tonumber(top)
-			end
-			return now
+			return newestScore(key, now)
 		end
 
 		local function admit()
@@ -627,7 +603,7 @@ local function decideKey(s, a, g)
 		-- The tail of the schedule always fits: after the k-th oldest unit leaves.
 		local tail = math.max(now, kth(now - window, count + n - limit) + window)
 		local slot = tail
-		local top = tonumber(redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2])
+		local top = newestScore(key, now)
 		if top > now then
 			-- Reservations ahead: look for a gap before the tail (firstFit in
 			-- schedule.go), within 16 windows: in what the hint marks as
