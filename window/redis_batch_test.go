@@ -31,12 +31,8 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 	for seed := range uint64(4) {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 11))
-			clock := throttletest.NewClock(throttletest.T0)
-			mem, err := NewMemory(r, WithClock(clock))
-			if err != nil {
-				t.Fatal(err)
-			}
-			red := newTestRedis(t, client, r, WithClock(clock))
+			mem, red, clock := newTwins(t, client, r)
+			var err error
 			ctx := context.Background()
 			costs := map[string]int{}
 			kinds := map[string]int{}

@@ -25,6 +25,18 @@ func newTestRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Optio
 	return l
 }
 
+// newTwins returns a Memory and a Redis of r on one fake clock, at T0:
+// the same limiter twice, for tests that compare their decisions.
+func newTwins(t *testing.T, c redis.Scripter, r throttle.Rate) (*Memory, *Redis, *throttletest.Clock) {
+	t.Helper()
+	clock := throttletest.NewClock(throttletest.T0)
+	mem, err := NewMemory(r, WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mem, newTestRedis(t, c, r, WithClock(clock)), clock
+}
+
 func TestNewRedisBadInput(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}) // never dialled
 	t.Cleanup(func() { _ = client.Close() })

@@ -95,12 +95,7 @@ func TestMemoryAndRedisDecideAlike(t *testing.T) {
 func replayOnMemoryAndRedis(t *testing.T, client redis.Scripter, r throttle.Rate, seed uint64, gaps bool) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	quiet := rand.New(rand.NewPCG(seed, 8)) // apart from rng: the same requests with gaps or without
-	clock := throttletest.NewClock(throttletest.T0)
-	mem, err := NewMemory(r, WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	red := newTestRedis(t, client, r, WithClock(clock))
+	mem, red, clock := newTwins(t, client, r)
 	ctx := context.Background()
 	type admission struct {
 		at time.Duration
@@ -226,12 +221,7 @@ func TestSubMicrosecondReadings(t *testing.T) {
 func TestSweepKeepsLateReservations(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := throttle.Rate{Count: 1, Per: time.Second}
-	clock := throttletest.NewClock(throttletest.T0)
-	mem, err := NewMemory(r, WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	red := newTestRedis(t, client, r, WithClock(clock))
+	mem, red, clock := newTwins(t, client, r)
 	ctx := context.Background()
 	step := func(at time.Duration, id string) {
 		t.Helper()
