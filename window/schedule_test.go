@@ -97,11 +97,7 @@ func replayOnMemoryAndRedis(t *testing.T, client redis.Scripter, r throttle.Rate
 	quiet := rand.New(rand.NewPCG(seed, 8)) // apart from rng: the same requests with gaps or without
 	mem, red, clock := newTwins(t, client, r)
 	ctx := context.Background()
-	type admission struct {
-		at time.Duration
-		n  int
-	}
-	var adm []admission
+	var adm []throttletest.Admitted
 	at := time.Duration(0)
 	costs := map[string]int{}
 	admittedAt := map[string]time.Duration{} // ids admitted, and when they were charged
@@ -154,7 +150,7 @@ func replayOnMemoryAndRedis(t *testing.T, client redis.Scripter, r throttle.Rate
 		}
 		if last, ok := admittedAt[id]; dm.Allowed && (anonymous || !ok || at >= last+r.Per) {
 			// Charged (an id still counted is admitted again for free).
-			adm = append(adm, admission{at, n})
+			adm = append(adm, throttletest.Admitted{At: at, N: n})
 			if !anonymous {
 				admittedAt[id] = at
 			}
@@ -163,17 +159,7 @@ func replayOnMemoryAndRedis(t *testing.T, client redis.Scripter, r throttle.Rate
 	if reservations < 30 || claims < 20 {
 		t.Fatalf("only %d reservations and %d claims: the replay does not exercise them", reservations, claims)
 	}
-	for i, a := range adm {
-		units := 0
-		for _, b := range adm[i:] {
-			if b.at < a.at+r.Per {
-				units += b.n
-			}
-		}
-		if units > r.Count {
-			t.Fatalf("%d units admitted in [%v, %v), limit %v", units, a.at, a.at+r.Per, r)
-		}
-	}
+	throttletest.CheckWindow(t, adm, r)
 }
 
 // TestSubMicrosecondReadings: two admissions whose clock readings round to

@@ -260,24 +260,26 @@ func checkInvariants(t *testing.T, what string, d throttle.Decision, r throttle.
 	}
 }
 
-type admitted struct {
-	at time.Duration
-	n  int
+// Admitted is an admission of N units at At (an offset from a test's
+// start), for CheckWindow.
+type Admitted struct {
+	At time.Duration
+	N  int
 }
 
-// checkWindow fails t if some Per-long span [t, t+Per) holds more than
-// Count admitted units.
-func checkWindow(t *testing.T, adm []admitted, r throttle.Rate) {
+// CheckWindow fails t if some Per-long span [x, x+Per) holds more than
+// Count units of adm, which is in order of At.
+func CheckWindow(t testing.TB, adm []Admitted, r throttle.Rate) {
 	t.Helper()
 	for i, a := range adm {
 		units := 0
 		for _, b := range adm[i:] {
-			if b.at < a.at+r.Per {
-				units += b.n
+			if b.At < a.At+r.Per {
+				units += b.N
 			}
 		}
 		if units > r.Count {
-			t.Fatalf("%d units admitted in [%v, %v), limit %v", units, a.at, a.at+r.Per, r)
+			t.Fatalf("%d units admitted in [%v, %v), limit %v", units, a.At, a.At+r.Per, r)
 		}
 	}
 }
@@ -291,7 +293,7 @@ func testRetryAfterExact(t *testing.T, newLimiter NewWindowFunc) {
 	l := newLimiter(t, r, clock)
 	const key = "retry-after-exact"
 	costs := []int{1, 2, 1, 1, 3, 1, 2}
-	var adm []admitted
+	var adm []Admitted
 	allow := func(at time.Duration, n int) throttle.Decision {
 		t.Helper()
 		clock.Set(T0.Add(at))
@@ -301,12 +303,12 @@ func testRetryAfterExact(t *testing.T, newLimiter NewWindowFunc) {
 		}
 		checkInvariants(t, fmt.Sprintf("at %v, n %d", at, n), d, r)
 		if d.Allowed {
-			adm = append(adm, admitted{at, n})
+			adm = append(adm, Admitted{at, n})
 		}
 		return d
 	}
 	presentAndRetry(t, allow, costs)
-	checkWindow(t, adm, r)
+	CheckWindow(t, adm, r)
 }
 
 // testRejectedNeverCount retries every millisecond: rejected attempts must
