@@ -225,21 +225,31 @@ local function decideKey(s, a, g)
 		if not late then
 			grace = 0
 		end
+		-- probe: the member of a lone AllowID unit when the set holds no
+		-- reserved unit (none made within the last window and lateGrace,
+		-- so the drop below leaves none): its ZADD NX, after the count,
+		-- is its lookup too, and a known id (ZADD NX added nothing, so
+		-- nothing changed) is decided below.
+		local probe = nil
 		if fast and ids then
-			local seen = {}
-			for j = 1, #ids, 2 do
-				if seen[ids[j]] then
-					fast = false
-					break
-				end
-				seen[ids[j]] = true
-			end
-			if fast then
-				local scores = redis.call("ZMSCORE", key, unpack(ids))
-				for j = 1, #ids do
-					if scores[j] then
+			if not late and #ids == 2 and total == 1 then
+				probe = ids[1]
+			else
+				local seen = {}
+				for j = 1, #ids, 2 do
+					if seen[ids[j]] then
 						fast = false
 						break
+					end
+					seen[ids[j]] = true
+				end
+				if fast then
+					local scores = redis.call("ZMSCORE", key, unpack(ids))
+					for j = 1, #ids do
+						if scores[j] then
+							fast = false
+							break
+						end
 					end
 				end
 			end
@@ -253,7 +263,7 @@ local function decideKey(s, a, g)
 			else
 				count = redis.call("ZCOUNT", key, "(" .. str(now - window), "+inf")
 			end
-			if count + total <= limit then
+			if count + total <= limit and not (probe and redis.call("ZADD", key, "NX", str(now), probe) == 0) then
 				local members = {}
 				local reset = newestAfter(key, newestReserved, now) + nominal - now
 				local held = count
@@ -271,7 +281,9 @@ local function decideKey(s, a, g)
 					out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 1, limit - held, 0, reset, 0
 					o = o + 5
 				end
-				addUnits(key, str(now), members)
+				if not probe then
+					addUnits(key, str(now), members)
+				end
 				local keep = 0
 				if ids then
 					keep = 10000000 -- lateGrace: an id is known that long (see decide)
