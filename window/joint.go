@@ -94,23 +94,22 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	if len(vals) == 1 && vals[0] == -1 {
 		return nil, false, errLate
 	}
-	if len(vals) != 5*len(parts) {
+	if len(vals) != replyInts*len(parts) {
 		return nil, false, fmt.Errorf("%w: %v", errReply, vals)
 	}
 	ds := make([]throttle.Decision, len(parts))
 	for i := range ds {
-		if err := decisions(vals[5*i:5*i+5], ds[i:i+1], limits[i]); err != nil {
+		if err := decisions(vals[replyInts*i:replyInts*(i+1)], ds[i:i+1], limits[i]); err != nil {
 			return nil, false, err
 		}
 		d := ds[i]
-		d.Reserved = false
-		if !d.Allowed {
-			if vals[5*i+4] == 1 {
-				// Reservations ahead: the earliest gap may come before the
-				// tail. Nothing was written, so Peek sees the same log.
-				if p, err := ws[i].Peek(ctx, keys[i], n); err == nil {
-					d.RetryAfter = max(p.RetryAfter, time.Millisecond)
-				}
+		// joint.lua's reserved bit says that reservations lie ahead: the
+		// earliest gap may come before the tail. Nothing was written, so
+		// Peek sees the same log.
+		if ahead := d.Reserved; ahead {
+			d.Reserved = false
+			if p, err := ws[i].Peek(ctx, keys[i], n); err == nil {
+				d.RetryAfter = max(p.RetryAfter, time.Millisecond)
 			}
 		}
 		ds[i] = d

@@ -28,11 +28,12 @@
 -- window's expiry extended (PEXPIRE NX and GT, as window.lua) and, with a
 -- client clock, its floor set.
 --
--- Returns, per window, {fits (0|1), remaining, retry_us, reset_us, ahead
--- (0|1)}: remaining = limit - units after the request (when it fits) or
--- now; retry_us, when it does not fit, the time until the k-th oldest
--- unit leaves (the tail of the schedule); ahead = reservations lie ahead
--- of now, so a gap before the tail may be earlier (the caller asks Peek).
+-- Returns, per window, three integers as window.lua's replies: code =
+-- fits (0|1) + 2 * ahead (0|1) + 4 * remaining, retry_us, reset_us.
+-- remaining = limit - units after the request (when it fits) or now;
+-- retry_us, when it does not fit, the time until the k-th oldest unit
+-- leaves (the tail of the schedule); ahead = reservations lie ahead of
+-- now, so a gap before the tail may be earlier (the caller asks Peek).
 
 local n = tonumber(ARGV[1])
 local base = ARGV[2]
@@ -107,12 +108,12 @@ for i = 1, parts do
 	local pausedUntil = tonumber(redis.call("GET", KEYS[3 * i]))
 	local paused = pausedUntil and pausedUntil > now
 	local fits = not paused and (count + n <= limit or (top > now and fitsNow(key, window, limit)))
-	local r = 5 * (i - 1)
+	local r = 3 * (i - 1)
 	if paused then
 		all = false
-		res[r + 1], res[r + 2], res[r + 3], res[r + 4], res[r + 5] = 0, 0, pausedUntil - now, math.max(top, pausedUntil) + nominal - now, 0
+		res[r + 1], res[r + 2], res[r + 3] = 0, pausedUntil - now, math.max(top, pausedUntil) + nominal - now
 	elseif fits then
-		res[r + 1], res[r + 2], res[r + 3], res[r + 4], res[r + 5] = 1, math.max(limit - count - n, 0), 0, nominal, 0
+		res[r + 1], res[r + 2], res[r + 3] = 1 + 4 * math.max(limit - count - n, 0), 0, nominal
 	else
 		all = false
 		local k = count + n - limit
@@ -125,10 +126,10 @@ for i = 1, parts do
 		if top > now then
 			ahead = 1
 		end
-		res[r + 1], res[r + 2], res[r + 3], res[r + 4], res[r + 5] = 0, math.max(limit - count, 0), math.max(tail + window - now, 1), top + nominal - now, ahead
+		res[r + 1], res[r + 2], res[r + 3] = 2 * ahead + 4 * math.max(limit - count, 0), math.max(tail + window - now, 1), top + nominal - now
 	end
 	if fits and top > now then
-		res[r + 4] = top + nominal - now
+		res[r + 3] = top + nominal - now
 	end
 end
 if not all then

@@ -114,7 +114,7 @@ func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCm
 	return redis.NewIntSliceCmd(ctx, args...)
 }
 
-// settle hands each call of groups its decision from cmd's reply (five
+// settle hands each call of groups its decision from cmd's reply (three
 // integers per request, group after group), or the call's error. It
 // returns the groups whose key failed in a call of several keys (listed
 // after the replies; see window.lua), which it leaves unsettled.
@@ -126,7 +126,7 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 		err = errLate
 	}
 	var skip map[int]bool
-	if n := 5 * coalesce.Len(groups); err == nil && len(v) > n {
+	if n := replyInts * coalesce.Len(groups); err == nil && len(v) > n {
 		skip = make(map[int]bool, len(v)-n)
 		for _, g := range v[n:] {
 			skip[int(g)-1] = true
@@ -137,7 +137,7 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 		d := make([]throttle.Decision, len(g))
 		gerr := err
 		if gerr == nil {
-			k := min(5*len(g), len(v))
+			k := min(replyInts*len(g), len(v))
 			gerr = decisions(v[:k], d, g[0].Req.limit)
 			v = v[k:]
 		}
@@ -229,29 +229,35 @@ type expiryArg struct {
 	arg any
 }
 
-// decisions converts the script's reply, five integers per request
-// ({allowed, remaining, retry µs, reset µs, reserved}), into d.
+// replyInts is the number of integers window.lua (and joint.lua) reply
+// per request: {code, retry µs, reset µs}, code = allowed (0|1) + 2 *
+// reserved (0|1) + 4 * remaining.
+const replyInts = 3
+
+// decisions converts the script's reply, replyInts integers per request,
+// into d.
 func decisions(v []int64, d []throttle.Decision, limit int) error {
 	if len(v) == 1 && v[0] == -1 {
 		return errLate
 	}
-	if len(v) != 5*len(d) {
+	if len(v) != replyInts*len(d) {
 		return fmt.Errorf("%w: %d integers for %d requests", errReply, len(v), len(d))
 	}
 	for i := range d {
-		r := v[5*i : 5*i+5]
+		code, retry, reset := v[replyInts*i], v[replyInts*i+1], v[replyInts*i+2]
+		code = max(code, 0)
 		d[i] = throttle.Decision{
-			Allowed:    r[0] == 1,
+			Allowed:    code&1 == 1,
 			Limit:      limit,
-			Remaining:  int(max(r[1], 0)),
-			ResetAfter: micros(max(r[3], 0)),
+			Remaining:  int(code >> 2),
+			ResetAfter: micros(max(reset, 0)),
 			Source:     throttle.SourceRedis,
 		}
 		if !d[i].Allowed {
 			// > 0 by construction (the slot is after now); kept > 0
 			// whatever the store says, as the Decision contract asks.
-			d[i].RetryAfter = max(micros(r[2]), time.Millisecond)
-			d[i].Reserved = r[4] == 1
+			d[i].RetryAfter = max(micros(retry), time.Millisecond)
+			d[i].Reserved = code&2 == 2
 		}
 	}
 	return nil

@@ -60,12 +60,14 @@
 -- key's expiry to cover its newest unit and the grace (PEXPIRE NX and GT:
 -- Redis 7.0 or newer).
 --
--- Returns five integers per request, in order (key after key), then the
--- places of the keys that failed, if any (see grouped.lua): allowed (0|1), remaining,
--- retry_after_us, reset_after_us, reserved (0|1): remaining = limit -
--- units held after the decision (reservations included), at least 0;
--- retry_after_us = 0 when admitted, else the time to the slot;
--- reset_after_us = newest unit + window - now.
+-- Returns three integers per request, in order (key after key), then the
+-- places of the keys that failed, if any (see grouped.lua): code,
+-- retry_after_us, reset_after_us. code = allowed (0|1) + 2 * reserved
+-- (0|1) + 4 * remaining: remaining = limit - units held after the
+-- decision (reservations included), at least 0 (one integer for three:
+-- Redis converts a script's reply element by element). retry_after_us = 0
+-- when admitted, else the time to the slot; reset_after_us = newest unit
+-- + window - now.
 --
 -- While KEYS[3] holds an instant after now the key is paused: every
 -- request is rejected at once, nothing written, with remaining 0,
@@ -110,7 +112,7 @@ do
 	got = redis.call("MGET", unpack(names))
 end
 
-local out = {} -- five integers per request, key after key
+local out = {} -- three integers per request, key after key
 
 -- str returns x (an integer) as a decimal string, formatted once per
 -- script call: a number argument of redis.call would be formatted anew by
@@ -187,7 +189,7 @@ local function decideKey(s, a, g)
 		end
 		for _ = first, last, 3 do -- one reply per request
 			local j = #out
-			out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = 0, 0, left, reset, 0
+			out[j + 1], out[j + 2], out[j + 3] = 0, left, reset
 		end
 		return
 	end
@@ -278,8 +280,8 @@ local function decideKey(s, a, g)
 						members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
 					end
 					held = held + n
-					out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 1, limit - held, 0, reset, 0
-					o = o + 5
+					out[o + 1], out[o + 2], out[o + 3] = 1 + 4 * (limit - held), 0, reset
+					o = o + 3
 				end
 				if not probe then
 					addUnits(key, str(now), members)
@@ -642,7 +644,7 @@ local function decideKey(s, a, g)
 		return reject(slot, withID and slot - now <= horizon)
 	end
 
-	-- The batch. out holds five integers per request. stored is the number of
+	-- The batch. out holds three integers per request. stored is the number of
 	-- units in the set once those out of the window are dropped (AllowN's
 	-- view), nil when unknown; pending are AllowN units admitted at now and
 	-- not yet written (npending of them), whose replies at pendingAt may need
@@ -712,14 +714,12 @@ local function decideKey(s, a, g)
 				stored, rejected = nil, nil
 			end
 		end
-		for j = 1, 5 do
-			out[at + j] = reply[j]
-		end
+		out[at + 1], out[at + 2], out[at + 3] = reply[1] + 2 * reply[5] + 4 * math.max(reply[2], 0), reply[3], reply[4]
 	end
 	write()
 end
 
 -- The keys one after another (eachKey: internal/redisscript/grouped.lua):
--- ARGV from 4, three header arguments per key, three per request, five
+-- ARGV from 4, three header arguments per key, three per request, three
 -- integers per reply.
-return eachKey(out, stride, 4, 3, 3, 5, decideKey)
+return eachKey(out, stride, 4, 3, 3, 3, decideKey)
