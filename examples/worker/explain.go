@@ -24,10 +24,12 @@ import (
 //     or restart-nats; on asynq, kill-redis or pause-redis (Redis is its
 //     broker);
 //   - r1's delivery was in the worker's hands when f came: received (NATS;
-//     asynq: started) before f, and f no later than the end of r1's work
-//     plus the time its ack may take (ackTimeout + explainSlack on NATS,
-//     where the handler waits for the confirmation; explainSlack on asynq,
-//     which writes the completion right after the handler returns);
+//     asynq: started) before f (restart-nats: before the server was back,
+//     for it delivers while it shuts down), and f no later than the end
+//     of r1's work plus the time its ack may take (ackTimeout +
+//     explainSlack on NATS, where the handler waits for the confirmation;
+//     explainSlack on asynq, which writes the completion right after the
+//     handler returns);
 //   - on NATS, the server had not confirmed r1's ack when r2's delivery
 //     reached the worker, or (restart-nats) confirmed it while it was
 //     coming back, from the fault to explainSlack after the recovery: the
@@ -117,7 +119,10 @@ func explainedBy(r1, r2 handled, faults []faultMark, start time.Time, c consumer
 		if !ackInDoubt && !lostInRestart {
 			continue
 		}
-		if got1At < f.At && f.At <= end1+inFlight && start2 > f.At && start2 <= max(f.Until, f.At)+redelivery {
+		// A restarting server still delivers while it shuts down, after f
+		// was marked: such a delivery's ack is lost with it.
+		caught := got1At < f.At || f.Kind == faultRestartNATS && got1At < f.Until
+		if caught && f.At <= end1+inFlight && start2 > f.At && start2 <= max(f.Until, f.At)+redelivery {
 			return true
 		}
 	}

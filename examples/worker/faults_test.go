@@ -98,6 +98,8 @@ func TestExplainDuplicates(t *testing.T) {
 		{name: "nats restart, ack confirmed after the redelivery", runs: []handled{run(1, 3, 4.9, 6.5), run(1, 4, 6.2, 6.3)}, faults: []faultMark{restart}, explained: true},
 		{name: "nats restart, ack confirmed as the server came back", runs: []handled{run(1, 3, 4.9, 6.5), run(1, 4, 9, 9.1)}, faults: []faultMark{restart}, explained: true},
 		{name: "nats restart, ack confirmed long after", runs: []handled{run(1, 3, 4.9, 8.5), run(1, 4, 9, 9.1)}, faults: []faultMark{restart}},
+		{name: "nats restart, delivered while the server shut down", runs: []handled{run(1, 1, 5.05, 0), run(1, 2, 9, 9.1)}, faults: []faultMark{restart}, explained: true},
+		{name: "nats restart, delivered after the server came back", runs: []handled{run(1, 1, 6.5, 0), run(1, 2, 9, 9.1)}, faults: []faultMark{restart}},
 		{name: "redis fault does not explain NATS", runs: []handled{run(2, 1, 4.9, 0), run(1, 2, 10, 10.1)}, faults: []faultMark{{Kind: faultKillRedis, At: 5 * time.Second, Until: 7 * time.Second}}},
 		{name: "asynq, redis killed as the task completed", runs: []handled{run(0, 1, 4.9, 0), run(0, 2, 40, 0)}, faults: []faultMark{{Kind: faultKillRedis, At: 5 * time.Second, Until: 7 * time.Second}}, c: consumerAsynq, explained: true},
 		{name: "asynq, NATS restart does not explain", runs: []handled{run(0, 1, 4.9, 0), run(0, 2, 10, 0)}, faults: []faultMark{restart}, c: consumerAsynq},
