@@ -149,6 +149,15 @@
 // CPUs) throttled tasks come back up to 6 s early and hold every worker
 // while they wait.
 //
+// Keys that must not wait behind each other (a tenant under its limit
+// beside a flooding one) need queues of their own: asynq dequeues one
+// queue first in, first out, so a task enqueued behind a dump of
+// thousands waits until each of them was dequeued (and rejected), while
+// among queues of equal weight (Config.Queues) every dequeue picks one at
+// random. TaskCheckInterval (default 1 s) is about how long a task that
+// arrives at an idle server waits before it is dequeued; tens of
+// milliseconds cost a Redis call per queue that often.
+//
 // # Backoff on a 429
 //
 // When the partner a handler calls answers 429 with Retry-After: d, the

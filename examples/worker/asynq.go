@@ -19,8 +19,9 @@ import (
 )
 
 // The asynq side of a run with -redis: the same jobs, enqueued as tasks of
-// taskType on a queue of their own for the run, consumed by an asynq
-// server whose handler is gated by a limiter of its own.
+// taskType on queues of their own for the run (one per tenant, up to
+// maxAsynqQueues), consumed by an asynq server whose handler is gated by
+// a limiter of its own.
 const (
 	taskType = "job"
 	// asynqMaxRetry is every task's MaxRetry: small, so that a task
@@ -34,19 +35,32 @@ const (
 	// asynqRetention is how long a handled task stays in the queue (see
 	// enqueue); the queue and its keys are deleted at the end of the run.
 	asynqRetention = 10 * time.Minute
+	// maxAsynqQueues bounds the queues of a run: tenants share them
+	// round-robin beyond it. A queue per tenant keeps a flood of one from
+	// delaying the others: asynq takes pending tasks of one queue first in,
+	// first out, but picks the queue of each dequeue at random among the
+	// non-empty ones (Config.Queues, equal weights). Each queue costs a
+	// Redis call per empty poll, so their number is bounded.
+	maxAsynqQueues = 16
+	// asynqPollInterval is Config.TaskCheckInterval: how long asynq sleeps
+	// (half to one and a half times it) when every queue is empty, so
+	// about the wait of a task that arrives then. asynq's default is 1 s.
+	asynqPollInterval = 20 * time.Millisecond
 )
 
 // asynqSide is the asynq producer and consumer of a run.
 type asynqSide struct {
-	queue  string
-	rc     *redis.Client
-	client *asynq.Client
-	srv    *asynq.Server
-	insp   *asynq.Inspector
-	lim    *recordingLimiter
-	rec    *recorder
-	tracer trace.Tracer
-	work   time.Duration // -work: how long every handler takes
+	queue   string            // the name the run's queues start with
+	queues  []string          // queue + "-0", "-1", ...
+	queueOf map[string]string // tenant -> its queue
+	rc      *redis.Client
+	client  *asynq.Client
+	srv     *asynq.Server
+	insp    *asynq.Inspector
+	lim     *recordingLimiter
+	rec     *recorder
+	tracer  trace.Tracer
+	work    time.Duration // -work: how long every handler takes
 
 	handlerErrs, throttleErrs errorLog
 
@@ -56,13 +70,14 @@ type asynqSide struct {
 }
 
 // startAsynq starts the asynq server of a run on the Redis at redisURL
-// (with a client of its own), on queue, gated by a Gate over lim (whose
+// (with a client of its own), on queues named after queue, one per tenant
+// of tenants (up to maxAsynqQueues), gated by a Gate over lim (whose
 // Redis client honours context deadlines). Admissions and handler runs go
 // to rec; the Gate's metrics to mp. cl stops the server, deletes the queue and closes the client.
 //
 // inf, when not nil, limits the handlers of a tenant running at once; each
 // takes work.
-func startAsynq(ctx context.Context, redisURL, queue string, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations, work time.Duration, cl *closers) (*asynqSide, error) {
+func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations, work time.Duration, cl *closers) (*asynqSide, error) {
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", err)
@@ -80,6 +95,16 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *recordingLimit
 		tracer:   tp.Tracer(scopeName),
 		work:     work,
 		archived: -1,
+		queueOf:  map[string]string{},
+	}
+	weights := map[string]int{}
+	for i := range max(min(len(tenants), maxAsynqQueues), 1) {
+		q := fmt.Sprintf("%s-%d", queue, i)
+		a.queues = append(a.queues, q)
+		weights[q] = 1
+	}
+	for i, t := range tenants {
+		a.queueOf[t] = a.queues[i%len(a.queues)]
 	}
 	lim.admitted = rec.admitted
 	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(reservations))
@@ -90,7 +115,7 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *recordingLimit
 		// Room for the tasks that wait in the handler for a reserved slot
 		// at most DelayedTaskCheckInterval + 1 s ahead.
 		Concurrency: 300,
-		Queues:      map[string]int{queue: 1},
+		Queues:      weights,
 		// Throttling is not a failure: the retry count stays, and the
 		// task is neither counted as failed nor archived. (Compose your
 		// own: func(err error) bool { return asynqthrottle.IsFailure(err) && mine(err) }.)
@@ -99,7 +124,7 @@ func startAsynq(ctx context.Context, redisURL, queue string, lim *recordingLimit
 		// asynq's whole seconds); genuine failures get asynq's backoff.
 		RetryDelayFunc:           asynqthrottle.RetryDelayFunc(nil),
 		DelayedTaskCheckInterval: asynqCheckInterval,
-		TaskCheckInterval:        100 * time.Millisecond,
+		TaskCheckInterval:        asynqPollInterval,
 		ShutdownTimeout:          5 * time.Second,
 		ErrorHandler:             asynq.ErrorHandlerFunc(a.handleError),
 		LogLevel:                 asynq.WarnLevel,
@@ -154,12 +179,16 @@ func (a *asynqSide) enqueue(ctx context.Context, j job, retried bool) error {
 	if err != nil {
 		return err
 	}
-	sctx, span := a.tracer.Start(ctx, "send "+a.queue, trace.WithSpanKind(trace.SpanKindProducer))
+	queue, ok := a.queueOf[j.Tenant]
+	if !ok {
+		queue = a.queues[0]
+	}
+	sctx, span := a.tracer.Start(ctx, "send "+queue, trace.WithSpanKind(trace.SpanKindProducer))
 	defer span.End()
 	task := asynq.NewTaskWithHeaders(taskType, data, asynqthrottle.InjectTraceContext(sctx, nil))
 	ectx, cancel := context.WithTimeout(sctx, 5*time.Second)
 	defer cancel()
-	_, err = a.client.EnqueueContext(ectx, task, asynq.Queue(a.queue), asynq.TaskID(j.ID), asynq.MaxRetry(asynqMaxRetry), asynq.Retention(asynqRetention))
+	_, err = a.client.EnqueueContext(ectx, task, asynq.Queue(queue), asynq.TaskID(j.ID), asynq.MaxRetry(asynqMaxRetry), asynq.Retention(asynqRetention))
 	switch {
 	case (errors.Is(err, asynq.ErrTaskIDConflict) || errors.Is(err, asynq.ErrDuplicateTask)) && !retried:
 		return nil
@@ -214,36 +243,48 @@ func (a *asynqSide) handleError(_ context.Context, t *asynq.Task, err error) {
 	}
 }
 
-// stop shuts the server down, then reads how many tasks the queue archived
-// and counted failed, and deletes the queue and its statistics. It is safe
-// to call more than once.
+// stop shuts the server down, then reads how many tasks the queues
+// archived and counted failed, and deletes the queues and their
+// statistics. It is safe to call more than once.
 func (a *asynqSide) stop() {
 	a.stopOnce.Do(func() {
 		a.srv.Shutdown()
-		if qi, err := a.insp.GetQueueInfo(a.queue); err == nil {
-			a.archived, a.failed = qi.Archived, qi.Failed
-		} else {
-			a.handlerErrs.add("inspect queue "+a.queue, err)
-		}
-		if err := a.insp.DeleteQueue(a.queue, true); err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
-			a.handlerErrs.add("delete queue "+a.queue, err)
-		}
-		// DeleteQueue leaves the processed and failed counters (asynq's
-		// keys of a queue are "asynq:{<queue>}:...").
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		var keys []string
-		iter := a.rc.Scan(ctx, 0, "asynq:{"+a.queue+"}:*", 100).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		err := iter.Err()
-		if err == nil && len(keys) > 0 {
-			err = a.rc.Del(ctx, keys...).Err()
-		}
-		if err != nil {
-			a.handlerErrs.add("delete the statistics of queue "+a.queue, err)
+		a.archived = 0
+		for _, q := range a.queues {
+			if qi, err := a.insp.GetQueueInfo(q); err == nil {
+				if a.archived >= 0 {
+					a.archived += qi.Archived
+				}
+				a.failed += qi.Failed
+			} else { // every queue has a tenant, so every queue exists
+				a.archived = -1
+				a.handlerErrs.add("inspect queue "+q, err)
+			}
+			a.deleteQueue(q)
 		}
 		a.client.Close()
 	})
+}
+
+// deleteQueue deletes queue q and its statistics.
+func (a *asynqSide) deleteQueue(q string) {
+	if err := a.insp.DeleteQueue(q, true); err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
+		a.handlerErrs.add("delete queue "+q, err)
+	}
+	// DeleteQueue leaves the processed and failed counters (asynq's keys
+	// of a queue are "asynq:{<queue>}:...").
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var keys []string
+	iter := a.rc.Scan(ctx, 0, "asynq:{"+q+"}:*", 100).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	err := iter.Err()
+	if err == nil && len(keys) > 0 {
+		err = a.rc.Del(ctx, keys...).Err()
+	}
+	if err != nil {
+		a.handlerErrs.add("delete the statistics of queue "+q, err)
+	}
 }

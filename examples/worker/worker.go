@@ -170,7 +170,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		if err != nil {
 			return report{}, err
 		}
-		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, alim, ainf, arec, tp, mp, cfg.Reservations, cfg.Work, &cl); err != nil {
+		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, jf.tenants(), alim, ainf, arec, tp, mp, cfg.Reservations, cfg.Work, &cl); err != nil {
 			return report{}, err
 		}
 	}
@@ -197,7 +197,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
 	}
 	if as != nil {
-		fmt.Fprintf(out, "and into asynq queue %s on the same Redis, gated by a limiter of its own (same limits), tasks with MaxRetry %d\n", as.queue, asynqMaxRetry)
+		fmt.Fprintf(out, "and into asynq queues %s-0 to -%d (one per tenant, up to %d) on the same Redis, gated by a limiter of its own (same limits), tasks with MaxRetry %d\n", as.queue, len(as.queues)-1, maxAsynqQueues, asynqMaxRetry)
 	}
 
 	// Publish the jobs at their arrival offsets, and wait.
