@@ -255,6 +255,9 @@ func report(env environment, cases []benchCase, res [][][]sample, acc []accuracy
 		if h.target > 0 {
 			target = fmt.Sprintf("≤ %.2f (%s)", h.target, h.note)
 		}
+		if h.hotKey > 0 {
+			target = fmt.Sprintf("≤ %.2f, ≤ %.2f parallel on one key (%s)", h.target, h.hotKey, h.note)
+		}
 		p("| %s | %s |", h.what, target)
 		for ci, bc := range cases {
 			s := summarize(ratios(res[ci], h.a, h.b))

@@ -102,9 +102,15 @@
 // requests one after another at one instant, with exactly the results of
 // the same calls made one by one then. A flush whose requests all fit
 // (AllowN, and AllowID with new ids) takes a fast path: one ZMSCORE for
-// the ids, one ZADD and one PEXPIRE per key. So under load Redis runs the
-// script once per flush, not once per decision: with 500 goroutines on
-// one key, 500 decisions took 4 script calls. A slot search
+// the ids, one ZADD and one PEXPIRE per key; a lone AllowID on a key with
+// no reservation in its last window and 10 s (its schedule, a second key
+// of the slot, says so) needs no ZMSCORE: its ZADD NX tells whether the
+// id is known. That relies on the schedule living as long as its
+// reservations: run Redis with maxmemory-policy noeviction, as the sets
+// themselves need (an evicted schedule can waste a reserved unit or let
+// its id in before its slot, never over the limit). So under load Redis
+// runs the script once per flush, not once per decision: with 500
+// goroutines on one key, 500 decisions took 4 script calls. A slot search
 // (for a rejection behind reservations) starts where the last one found
 // no room, kept in a third key of the slot (the hint), so a flood of
 // reservations does not search the same full windows again at every

@@ -103,7 +103,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 			return nil, false, err
 		}
 		d := ds[i]
-		// joint.lua's reserved bit says that reservations lie ahead: the
+		// joint.lua's reserved mark says that reservations lie ahead: the
 		// earliest gap may come before the tail. Nothing was written, so
 		// Peek sees the same log.
 		if ahead := d.Reserved; ahead {

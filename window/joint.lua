@@ -29,8 +29,8 @@
 -- client clock, its floor set.
 --
 -- Returns, per window, three integers as window.lua's replies: code =
--- fits (0|1) + 2 * ahead (0|1) + 4 * remaining, retry_us, reset_us.
--- remaining = limit - units after the request (when it fits) or now;
+-- remaining + 1 when it fits, else -(remaining + 1); retry_us, negated
+-- when ahead; reset_us. remaining = limit - units after the request (when it fits) or now;
 -- retry_us, when it does not fit, the time until the k-th oldest unit
 -- leaves (the tail of the schedule); ahead = reservations lie ahead of
 -- now, so a gap before the tail may be earlier (the caller asks Peek).
@@ -111,9 +111,9 @@ for i = 1, parts do
 	local r = 3 * (i - 1)
 	if paused then
 		all = false
-		res[r + 1], res[r + 2], res[r + 3] = 0, pausedUntil - now, math.max(top, pausedUntil) + nominal - now
+		res[r + 1], res[r + 2], res[r + 3] = -1, pausedUntil - now, math.max(top, pausedUntil) + nominal - now
 	elseif fits then
-		res[r + 1], res[r + 2], res[r + 3] = 1 + 4 * math.max(limit - count - n, 0), 0, nominal
+		res[r + 1], res[r + 2], res[r + 3] = math.max(limit - count - n, 0) + 1, 0, nominal
 	else
 		all = false
 		local k = count + n - limit
@@ -122,11 +122,11 @@ for i = 1, parts do
 		if s then
 			tail = tonumber(s)
 		end
-		local ahead = 0
+		local retry = math.max(tail + window - now, 1)
 		if top > now then
-			ahead = 1
+			retry = -retry -- ahead
 		end
-		res[r + 1], res[r + 2], res[r + 3] = 2 * ahead + 4 * math.max(limit - count, 0), math.max(tail + window - now, 1), top + nominal - now
+		res[r + 1], res[r + 2], res[r + 3] = -(math.max(limit - count, 0) + 1), retry, top + nominal - now
 	end
 	if fits and top > now then
 		res[r + 3] = top + nominal - now

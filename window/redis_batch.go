@@ -230,8 +230,8 @@ type expiryArg struct {
 }
 
 // replyInts is the number of integers window.lua (and joint.lua) reply
-// per request: {code, retry µs, reset µs}, code = allowed (0|1) + 2 *
-// reserved (0|1) + 4 * remaining.
+// per request: {code, retry µs, reset µs}; code = remaining + 1 when
+// admitted, -(remaining + 1) when rejected; retry negated when reserved.
 const replyInts = 3
 
 // decisions converts the script's reply, replyInts integers per request,
@@ -245,19 +245,18 @@ func decisions(v []int64, d []throttle.Decision, limit int) error {
 	}
 	for i := range d {
 		code, retry, reset := v[replyInts*i], v[replyInts*i+1], v[replyInts*i+2]
-		code = max(code, 0)
 		d[i] = throttle.Decision{
-			Allowed:    code&1 == 1,
+			Allowed:    code > 0,
 			Limit:      limit,
-			Remaining:  int(code >> 2),
+			Remaining:  int(max(code, -code, 1) - 1),
 			ResetAfter: micros(max(reset, 0)),
 			Source:     throttle.SourceRedis,
 		}
 		if !d[i].Allowed {
 			// > 0 by construction (the slot is after now); kept > 0
 			// whatever the store says, as the Decision contract asks.
-			d[i].RetryAfter = max(micros(retry), time.Millisecond)
-			d[i].Reserved = code&2 == 2
+			d[i].Reserved = retry < 0
+			d[i].RetryAfter = max(micros(max(retry, -retry)), time.Millisecond)
 		}
 	}
 	return nil

@@ -3,6 +3,8 @@ package window
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +93,29 @@ func TestNewRedisBadInput(t *testing.T) {
 
 // TestRedisBadCostNoCall checks that a bad cost is refused before any
 // Redis call: the client points at a closed port.
+// TestRedisLargestCount: the largest Count decides exactly, since every
+// value of the scripts' replies stays exact in a Lua number (a double).
+func TestRedisLargestCount(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	l, err := NewRedis(client, throttle.Rate{Count: 1 << 53, Per: time.Second}, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	d, err := l.AllowN(ctx, "k", 1)
+	if err != nil || !d.Allowed || d.Remaining != 1<<53-1 {
+		t.Fatalf("AllowN = %+v, %v; want allowed, remaining 2^53-1", d, err)
+	}
+	d, err = l.AllowID(ctx, "k", 1, "id", time.Second)
+	if err != nil || !d.Allowed || d.Remaining != 1<<53-2 {
+		t.Fatalf("AllowID = %+v, %v; want allowed, remaining 2^53-2", d, err)
+	}
+	ds, ok, err := l.AllowJoint(ctx, []throttle.Limiter{l}, []string{"j"}, 1)
+	if err != nil || !ok || !ds[0].Allowed || ds[0].Remaining != 1<<53-1 {
+		t.Fatalf("AllowJoint = %+v, %v, %v; want allowed, remaining 2^53-1", ds, ok, err)
+	}
+}
+
 func TestRedisBadCostNoCall(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
@@ -602,4 +627,60 @@ func TestLargeCostsAreWrittenInChunks(t *testing.T) {
 	if n := client.ZCard(ctx, l.key("k")).Val(); n != 3*5000 {
 		t.Fatalf("%d units stored, want %d", n, 3*5000)
 	}
+}
+
+// TestRedisScheduleLostNeverOverLimit: the fast path of a lone AllowID
+// takes a key without a schedule (KEYS[2]) to hold no reservation. With
+// the schedule deleted behind its back (evicted, say) while reservations
+// are in the set, decisions may waste a reserved unit or admit an id
+// before its slot, but never admit over the limit: the fast path admits
+// only while every unit in the set, reservations included, fits.
+func TestRedisScheduleLostNeverOverLimit(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	r := throttle.Rate{Count: 3, Per: time.Second}
+	clock := throttletest.NewClock(throttletest.T0)
+	l := newTestRedis(t, client, r, WithClock(clock))
+	rng := rand.New(rand.NewPCG(3, 5))
+	charged := map[string]time.Duration{} // id -> its last charged admission
+	var adm []throttletest.Admitted
+	due := map[string]time.Duration{} // rejected id -> when it comes back
+	lost := 0
+	at := time.Duration(0)
+	for step := range 600 {
+		at += time.Duration(rng.IntN(600)) * time.Millisecond // about the limit, so that windows fill up and drain
+		clock.Set(throttletest.T0.Add(at))
+		if rng.IntN(10) == 0 {
+			lost += int(client.Del(ctx, l.key("k")+hintSuffix).Val())
+		}
+		// A rejected id comes back when its retry-after is up (claiming
+		// its reservation), a new id arrives otherwise, and now and then
+		// an admitted one is delivered again.
+		id := fmt.Sprint("job-", step)
+		for other, when := range due {
+			if when <= at && (id == fmt.Sprint("job-", step) || when < due[id]) {
+				id = other
+			}
+		}
+		if _, back := due[id]; !back && step > 10 && rng.IntN(5) == 0 {
+			id = fmt.Sprint("job-", step-1-rng.IntN(10))
+		}
+		d, err := l.AllowID(ctx, "k", 1, id, 3*time.Second)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if delete(due, id); !d.Allowed {
+			due[id] = at + d.RetryAfter
+		}
+		// An id admitted within the last window is admitted again free;
+		// any other admission is charged.
+		if last, seen := charged[id]; d.Allowed && (!seen || at-last >= r.Per) {
+			charged[id] = at
+			adm = append(adm, throttletest.Admitted{At: at, N: 1})
+		}
+	}
+	if lost < 20 {
+		t.Fatalf("the schedule was deleted %d times, want 20 or more: the test does not exercise its loss", lost)
+	}
+	throttletest.CheckWindow(t, adm, r)
 }

@@ -62,12 +62,13 @@
 --
 -- Returns three integers per request, in order (key after key), then the
 -- places of the keys that failed, if any (see grouped.lua): code,
--- retry_after_us, reset_after_us. code = allowed (0|1) + 2 * reserved
--- (0|1) + 4 * remaining: remaining = limit - units held after the
--- decision (reservations included), at least 0 (one integer for three:
--- Redis converts a script's reply element by element). retry_after_us = 0
--- when admitted, else the time to the slot; reset_after_us = newest unit
--- + window - now.
+-- retry_after_us, reset_after_us (three integers for five values: Redis
+-- converts a script's reply element by element). code = remaining + 1
+-- when admitted, -(remaining + 1) when rejected: remaining = limit - units
+-- held after the decision (reservations included), at least 0.
+-- retry_after_us = 0 when admitted, else the time to the slot, negated
+-- when the slot is reserved; reset_after_us = newest unit + window - now.
+-- Every value stays exact in a Lua number (a double) up to 2^53.
 --
 -- While KEYS[3] holds an instant after now the key is paused: every
 -- request is rejected at once, nothing written, with remaining 0,
@@ -189,7 +190,7 @@ local function decideKey(s, a, g)
 		end
 		for _ = first, last, 3 do -- one reply per request
 			local j = #out
-			out[j + 1], out[j + 2], out[j + 3] = 0, left, reset
+			out[j + 1], out[j + 2], out[j + 3] = -1, left, reset
 		end
 		return
 	end
@@ -231,7 +232,10 @@ local function decideKey(s, a, g)
 		-- reserved unit (none made within the last window and lateGrace,
 		-- so the drop below leaves none): its ZADD NX, after the count,
 		-- is its lookup too, and a known id (ZADD NX added nothing, so
-		-- nothing changed) is decided below.
+		-- nothing changed) is decided below. This trusts the schedule: one
+		-- lost (evicted) while reservations are in the set can waste one
+		-- or admit its id early, never over the limit, since the count
+		-- holds every unit in the set.
 		local probe = nil
 		if fast and ids then
 			if not late and #ids == 2 and total == 1 then
@@ -276,11 +280,13 @@ local function decideKey(s, a, g)
 					if ARGV[i + 2] ~= "-1" then
 						prefix = "A"
 					end
-					for j = 1, n do
-						members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
+					if not probe then -- else written already
+						for j = 1, n do
+							members[#members + 1] = unitName(prefix, j, n, ARGV[i + 1])
+						end
 					end
 					held = held + n
-					out[o + 1], out[o + 2], out[o + 3] = 1 + 4 * (limit - held), 0, reset
+					out[o + 1], out[o + 2], out[o + 3] = limit - held + 1, 0, reset
 					o = o + 3
 				end
 				if not probe then
@@ -714,7 +720,14 @@ local function decideKey(s, a, g)
 				stored, rejected = nil, nil
 			end
 		end
-		out[at + 1], out[at + 2], out[at + 3] = reply[1] + 2 * reply[5] + 4 * math.max(reply[2], 0), reply[3], reply[4]
+		local code, retry = math.max(reply[2], 0) + 1, reply[3]
+		if reply[1] ~= 1 then
+			code = -code
+		end
+		if reply[5] == 1 then
+			retry = -retry
+		end
+		out[at + 1], out[at + 2], out[at + 3] = code, retry, reply[4]
 	end
 	write()
 end
