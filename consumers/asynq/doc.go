@@ -153,10 +153,12 @@
 // beside a flooding one) need queues of their own: asynq dequeues one
 // queue first in, first out, so a task enqueued behind a dump of
 // thousands waits until each of them was dequeued (and rejected), while
-// among queues of equal weight (Config.Queues) every dequeue picks one at
-// random. TaskCheckInterval (default 1 s) is about how long a task that
-// arrives at an idle server waits before it is dequeued; tens of
-// milliseconds cost a Redis call per queue that often.
+// among queues of equal weight (Config.Queues, without StrictPriority)
+// every dequeue picks a non-empty one at random. A dequeue costs a Redis
+// call per empty queue it tries first, so keep them to tens.
+// TaskCheckInterval (default 1 s) is about how long a task that arrives
+// at an idle server waits before it is dequeued; tens of milliseconds
+// cost a Redis call per queue that often.
 //
 // # Backoff on a 429
 //

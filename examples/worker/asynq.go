@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,8 +40,9 @@ const (
 	// round-robin beyond it. A queue per tenant keeps a flood of one from
 	// delaying the others: asynq takes pending tasks of one queue first in,
 	// first out, but picks the queue of each dequeue at random among the
-	// non-empty ones (Config.Queues, equal weights). Each queue costs a
-	// Redis call per empty poll, so their number is bounded.
+	// non-empty ones (Config.Queues, equal weights, no StrictPriority).
+	// Each dequeue costs a Redis call per empty queue it tries first, so
+	// their number is bounded.
 	maxAsynqQueues = 16
 	// asynqPollInterval is Config.TaskCheckInterval: how long asynq sleeps
 	// (half to one and a half times it) when every queue is empty, so
@@ -50,8 +52,7 @@ const (
 
 // asynqSide is the asynq producer and consumer of a run.
 type asynqSide struct {
-	queue   string            // the name the run's queues start with
-	queues  []string          // queue + "-0", "-1", ...
+	queues  []string          // the run's, named after startAsynq's queue: "-0", "-1", ...
 	queueOf map[string]string // tenant -> its queue
 	rc      *redis.Client
 	client  *asynq.Client
@@ -73,7 +74,8 @@ type asynqSide struct {
 // (with a client of its own), on queues named after queue, one per tenant
 // of tenants (up to maxAsynqQueues), gated by a Gate over lim (whose
 // Redis client honours context deadlines). Admissions and handler runs go
-// to rec; the Gate's metrics to mp. cl stops the server, deletes the queue and closes the client.
+// to rec; the Gate's metrics to mp. cl stops the server, deletes the
+// queues and closes the client.
 //
 // inf, when not nil, limits the handlers of a tenant running at once; each
 // takes work.
@@ -86,7 +88,6 @@ func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, l
 	cl.add(func() { rc.Close() })
 
 	a := &asynqSide{
-		queue:    queue,
 		rc:       rc,
 		client:   asynq.NewClientFromRedisClient(rc),
 		insp:     asynq.NewInspectorFromRedisClient(rc),
@@ -245,25 +246,44 @@ func (a *asynqSide) handleError(_ context.Context, t *asynq.Task, err error) {
 
 // stop shuts the server down, then reads how many tasks the queues
 // archived and counted failed, and deletes the queues and their
-// statistics. It is safe to call more than once.
+// statistics. A queue that never got a task does not exist and counts 0.
+// It is safe to call more than once.
 func (a *asynqSide) stop() {
 	a.stopOnce.Do(func() {
 		a.srv.Shutdown()
+		defer a.client.Close()
+		existing, err := a.insp.Queues()
+		if err != nil {
+			a.archived = -1
+			a.handlerErrs.add("list the queues", err)
+			return
+		}
 		a.archived = 0
 		for _, q := range a.queues {
+			if !slices.Contains(existing, q) {
+				continue
+			}
 			if qi, err := a.insp.GetQueueInfo(q); err == nil {
 				if a.archived >= 0 {
 					a.archived += qi.Archived
 				}
 				a.failed += qi.Failed
-			} else { // every queue has a tenant, so every queue exists
+			} else {
 				a.archived = -1
 				a.handlerErrs.add("inspect queue "+q, err)
 			}
 			a.deleteQueue(q)
 		}
-		a.client.Close()
 	})
+}
+
+// queueNames names queues for the summary: "queue q" or "queues q-0 to
+// q-N".
+func queueNames(queues []string) string {
+	if len(queues) == 1 {
+		return "queue " + queues[0]
+	}
+	return "queues " + queues[0] + " to " + queues[len(queues)-1]
 }
 
 // deleteQueue deletes queue q and its statistics.

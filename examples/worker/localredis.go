@@ -27,7 +27,7 @@ const localRedisStartTimeout = 10 * time.Second
 // directory. For a run that kills it (kill-redis), persistence is on
 // (appendonly yes, appendfsync always: every write is in the append-only
 // file, fsynced, before Redis replies), so a SIGKILL and a restart on the
-// same port keep asynq's queue and the limiters' keys: what Redis
+// same port keep asynq's queues and the limiters' keys: what Redis
 // acknowledged survives. Otherwise it runs without persistence: an fsync
 // per write would slow every decision (a quiet tenant beside a flood got
 // 29 NAKs and a p99 wait of 2.6 s with it, 0 and 30 ms without). RDB
@@ -111,7 +111,7 @@ func (r *localRedis) describe() string {
 	if !r.durable {
 		return fmt.Sprintf("started redis-server %s on %s (pid %d) without persistence", r.version, r.addr(), r.pid())
 	}
-	return fmt.Sprintf("started redis-server %s on %s (pid %d) with persistence (%s) in %s: asynq's queue and the limiters' keys survive kill-redis",
+	return fmt.Sprintf("started redis-server %s on %s (pid %d) with persistence (%s) in %s: asynq's queues and the limiters' keys survive kill-redis",
 		r.version, r.addr(), r.pid(), strings.Join(durableRedisArgs[2:], " "), r.dir)
 }
 

@@ -417,8 +417,8 @@ func checkConsumer(t *testing.T, rep report, jobs map[string]int) {
 // private redis-server (skipped when redis-server is not installed), on
 // NATS and on asynq: every job handled exactly once on each, within the
 // limits; on asynq, tasks rejected more often than their MaxRetry are
-// still handled, nothing is archived or counted failed, and the queue is
-// gone at the end.
+// still handled, nothing is archived or counted failed, and the queues
+// are gone at the end.
 func TestRunRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := defaultConfig()
@@ -456,9 +456,14 @@ func TestRunRedis(t *testing.T) {
 	if last := lastLine(out.String()); !strings.HasPrefix(last, "OK: all 24 jobs handled exactly once on NATS and on asynq, 0 archived, in ") {
 		t.Errorf("last line = %q", last)
 	}
-	keys, err := srv.Client(t).Keys(context.Background(), "asynq:{"+a.Queue+"}*").Result()
-	if err != nil || len(keys) > 0 {
-		t.Errorf("keys of queue %s left: %v, %v", a.Queue, keys, err)
+	if len(a.Queues) != 2 {
+		t.Errorf("queues %v, want one per tenant (2)", a.Queues)
+	}
+	for _, q := range a.Queues {
+		keys, err := srv.Client(t).Keys(context.Background(), "asynq:{"+q+"}*").Result()
+		if err != nil || len(keys) > 0 {
+			t.Errorf("keys of queue %s left: %v, %v", q, keys, err)
+		}
 	}
 }
 

@@ -395,11 +395,11 @@ type report struct {
 	Processes map[int]int         // handler runs per worker process, with -instances
 
 	// asynq only.
-	Queue          string
-	Archived       int // archived tasks left in the queue at the end; -1 when unknown
-	Failed         int // tasks asynq counted as failed today in the queue
-	MaxRetry       int // of every task
-	MostRejections int // most rejections of one job
+	Queues         []string // the run's queues (see maxAsynqQueues)
+	Archived       int      // archived tasks left in the queues at the end; -1 when unknown
+	Failed         int      // tasks asynq counted as failed today in the queues
+	MaxRetry       int      // of every task
+	MostRejections int      // most rejections of one job
 
 	Asynq *report // the asynq consumer, with -redis
 
@@ -551,7 +551,7 @@ func (rep report) print(w io.Writer) {
 		rep.printTable(w, "")
 	} else {
 		rep.printTable(w, "NATS JetStream, consumer "+durableName+":")
-		rep.Asynq.printTable(w, "asynq, queue "+rep.Asynq.Queue+":")
+		rep.Asynq.printTable(w, "asynq, "+queueNames(rep.Asynq.Queues)+":")
 	}
 	fmt.Fprintln(w, rep.verdict())
 }

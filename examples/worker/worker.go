@@ -197,7 +197,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
 	}
 	if as != nil {
-		fmt.Fprintf(out, "and into asynq queues %s-0 to -%d (one per tenant, up to %d) on the same Redis, gated by a limiter of its own (same limits), tasks with MaxRetry %d\n", as.queue, len(as.queues)-1, maxAsynqQueues, asynqMaxRetry)
+		fmt.Fprintf(out, "and into asynq %s (one per tenant, up to %d) on the same Redis, gated by a limiter of its own (same limits), tasks with MaxRetry %d\n", queueNames(as.queues), maxAsynqQueues, asynqMaxRetry)
 	}
 
 	// Publish the jobs at their arrival offsets, and wait.
@@ -256,7 +256,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		as.handlerErrs.print(out, "asynq handler error")
 		as.throttleErrs.print(out, "asynq throttle error")
 		arep := as.rec.summarize(jf.Jobs, rateOf, spec)
-		arep.Queue, arep.Archived, arep.Failed, arep.MaxRetry = as.queue, as.archived, as.failed, asynqMaxRetry
+		arep.Queues, arep.Archived, arep.Failed, arep.MaxRetry = as.queues, as.archived, as.failed, asynqMaxRetry
 		arep.InFlight = cfg.InFlight
 		if hs, ok := as.lim.hybridStats(); ok {
 			arep.Hybrid = &hs

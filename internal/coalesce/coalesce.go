@@ -132,11 +132,16 @@ func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
 		for _, c := range batch {
 			close(c.done)
 		}
-		// Yield once before taking the next batch: the callers just woken,
-		// under load about to decide again, then join it. On one hot key
-		// with 16 goroutines that made script calls carry 7.8 decisions
-		// instead of 5.3.
-		runtime.Gosched()
+		// Unless a full batch waits, yield once before taking the next: the
+		// callers just woken, under load about to decide again, then join
+		// it. On one hot key with 16 goroutines that made script calls
+		// carry 7.8 decisions instead of 5.3.
+		b.mu.Lock()
+		full := len(b.queue) >= b.maxBatch
+		b.mu.Unlock()
+		if !full {
+			runtime.Gosched()
+		}
 		b.mu.Lock()
 		if batch = b.take(); batch == nil {
 			b.inFlight--
