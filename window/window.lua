@@ -221,8 +221,7 @@ local function decideKey(s, a, g)
 			else
 				grace = math.min(grace, tonumber(h))
 				ids = ids or {}
-				ids[#ids + 1] = "A1:" .. ARGV[i + 1]
-				ids[#ids + 1] = "R1:" .. ARGV[i + 1]
+				ids[#ids + 1] = ARGV[i + 1]
 			end
 		end
 		if not late then
@@ -238,20 +237,22 @@ local function decideKey(s, a, g)
 		-- holds every unit in the set.
 		local probe = nil
 		if fast and ids then
-			if not late and #ids == 2 and total == 1 then
-				probe = ids[1]
+			if not late and #ids == 1 and total == 1 then
+				probe = "A1:" .. ids[1]
 			else
-				local seen = {}
-				for j = 1, #ids, 2 do
-					if seen[ids[j]] then
+				local names, seen = {}, {}
+				for _, id in ipairs(ids) do
+					if seen[id] then
 						fast = false
 						break
 					end
-					seen[ids[j]] = true
+					seen[id] = true
+					names[#names + 1] = "A1:" .. id
+					names[#names + 1] = "R1:" .. id
 				end
 				if fast then
-					local scores = redis.call("ZMSCORE", key, unpack(ids))
-					for j = 1, #ids do
+					local scores = redis.call("ZMSCORE", key, unpack(names))
+					for j = 1, #names do
 						if scores[j] then
 							fast = false
 							break
