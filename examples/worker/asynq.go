@@ -33,8 +33,8 @@ const (
 	// asynq keeps retry times in whole seconds, so a rejected task comes
 	// back between its retry-after and about a second plus this later.
 	asynqCheckInterval = 200 * time.Millisecond
-	// asynqRetention is how long a handled task stays in the queue (see
-	// enqueue); the queue and its keys are deleted at the end of the run.
+	// asynqRetention is how long a handled task stays in its queue (see
+	// enqueue); the queues and their keys are deleted at the end of the run.
 	asynqRetention = 10 * time.Minute
 	// maxAsynqQueues bounds the queues of a run: tenants share them
 	// round-robin beyond it. A queue per tenant keeps a flood of one from
