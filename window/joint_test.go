@@ -39,8 +39,7 @@ func TestRedisAllowJoint(t *testing.T) {
 	rate := throttle.Rate{Count: 2, Per: time.Second}
 
 	t.Run("all or none", func(t *testing.T) {
-		clock := throttletest.NewClock(throttletest.T0)
-		a := newTestRedis(t, client, rate, WithClock(clock))
+		a, clock := newClockedRedis(t, client, rate)
 		b := newTestRedis(t, client, throttle.Rate{Count: 3, Per: time.Second}, WithClock(clock))
 		parts := []throttle.Limiter{a, b}
 		for i, want := range []bool{true, true, false} {
@@ -62,8 +61,7 @@ func TestRedisAllowJoint(t *testing.T) {
 		}
 	})
 	t.Run("a gap at now, before reservations", func(t *testing.T) {
-		clock := throttletest.NewClock(throttletest.T0)
-		a := newTestRedis(t, client, rate, WithClock(clock))
+		a, clock := newClockedRedis(t, client, rate)
 		b := newTestRedis(t, client, rate, WithClock(clock))
 		jointSchedule(t, a, "k", "r1", "r2") // [1s, 2s) is free: room for 2 at 1s
 		clock.Set(throttletest.T0.Add(time.Second))
@@ -78,8 +76,7 @@ func TestRedisAllowJoint(t *testing.T) {
 		}
 	})
 	t.Run("a gap before the tail", func(t *testing.T) {
-		clock := throttletest.NewClock(throttletest.T0)
-		a := newTestRedis(t, client, rate, WithClock(clock))
+		a, clock := newClockedRedis(t, client, rate)
 		b := newTestRedis(t, client, rate, WithClock(clock))
 		jointSchedule(t, a, "k", "r3", "r4") // [2s, 3s) is free
 		clock.Set(throttletest.T0.Add(500 * time.Millisecond))
@@ -89,8 +86,7 @@ func TestRedisAllowJoint(t *testing.T) {
 		}
 	})
 	t.Run("when it does not apply", func(t *testing.T) {
-		clock := throttletest.NewClock(throttletest.T0)
-		a := newTestRedis(t, client, rate, WithClock(clock))
+		a, clock := newClockedRedis(t, client, rate)
 		other := newTestRedis(t, redistest.Shared(t).Client(t), rate, WithClock(clock))
 		serverTime := newTestRedis(t, client, rate)
 		funcClock := newTestRedis(t, client, rate, WithClock(throttle.ClockFunc(clock.Now)))
@@ -175,8 +171,7 @@ func TestRedisAllowJointStalled(t *testing.T) {
 func TestRedisAllowJointPaused(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
-	clock := throttletest.NewClock(throttletest.T0)
-	a := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Second}, WithClock(clock))
+	a, clock := newClockedRedis(t, client, throttle.Rate{Count: 2, Per: time.Second})
 	b := newTestRedis(t, client, throttle.Rate{Count: 3, Per: time.Second}, WithClock(clock))
 	if err := b.Pause(ctx, "k", 5*time.Second); err != nil {
 		t.Fatal(err)

@@ -258,8 +258,7 @@ func TestKeyTwiceInAFlush(t *testing.T) {
 	quotas := func(string) throttle.Quota {
 		return throttle.Quota{Rate: throttle.Rate{Count: int(limit.Load()), Per: time.Second}}
 	}
-	clock := throttletest.NewClock(throttletest.T0)
-	l := newTestRedis(t, client, throttle.Rate{Count: 1, Per: time.Second}, WithQuotas(quotas), WithClock(clock))
+	l, _ := newClockedRedis(t, client, throttle.Rate{Count: 1, Per: time.Second}, WithQuotas(quotas))
 	ctx := context.Background()
 	var calls []*call
 	add := func(key string, id string) {

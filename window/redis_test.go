@@ -27,16 +27,24 @@ func newTestRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Optio
 	return l
 }
 
+// newClockedRedis returns newTestRedis(t, c, r, opts...) on a fake clock
+// at T0, and the clock.
+func newClockedRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, *throttletest.Clock) {
+	t.Helper()
+	clock := throttletest.NewClock(throttletest.T0)
+	return newTestRedis(t, c, r, append(opts, WithClock(clock))...), clock
+}
+
 // newTwins returns a Memory and a Redis of r on one fake clock, at T0:
 // the same limiter twice, for tests that compare their decisions.
 func newTwins(t *testing.T, c redis.Scripter, r throttle.Rate) (*Memory, *Redis, *throttletest.Clock) {
 	t.Helper()
-	clock := throttletest.NewClock(throttletest.T0)
+	red, clock := newClockedRedis(t, c, r)
 	mem, err := NewMemory(r, WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mem, newTestRedis(t, c, r, WithClock(clock)), clock
+	return mem, red, clock
 }
 
 func TestNewRedisBadInput(t *testing.T) {
@@ -213,17 +221,13 @@ func TestRedisRejectionWritesNothing(t *testing.T) {
 	}
 }
 
-// TestRedisRejectionKeepsStaleMembers checks that a rejection writes
-// nothing even when members have left the window: only admissions drop
-// them.
 // TestRedisRejectionOnlyDropsStaleMembers: a rejection adds nothing and
 // keeps the expiry; it may drop members that have left the window, as the
 // algorithm does before it counts.
 func TestRedisRejectionOnlyDropsStaleMembers(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	ctx := context.Background()
-	clock := throttletest.NewClock(throttletest.T0)
-	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Second}, WithClock(clock))
+	l, clock := newClockedRedis(t, client, throttle.Rate{Count: 2, Per: time.Second})
 	key := l.key("stale")
 	step := func(at time.Duration, n int, allowed bool) {
 		t.Helper()
@@ -530,8 +534,7 @@ func TestRedisReservationTTL(t *testing.T) {
 func TestRedisAllowIDKeepsOnlyItsWindow(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	ctx := context.Background()
-	clock := throttletest.NewClock(throttletest.T0)
-	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Second}, WithClock(clock))
+	l, clock := newClockedRedis(t, client, throttle.Rate{Count: 2, Per: time.Second})
 	key := l.key("k")
 	allowID := func(at time.Duration, id string, allowed, reserved bool) {
 		t.Helper()
@@ -639,8 +642,7 @@ func TestRedisScheduleLostNeverOverLimit(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	ctx := context.Background()
 	r := throttle.Rate{Count: 3, Per: time.Second}
-	clock := throttletest.NewClock(throttletest.T0)
-	l := newTestRedis(t, client, r, WithClock(clock))
+	l, clock := newClockedRedis(t, client, r)
 	rng := rand.New(rand.NewPCG(3, 5))
 	charged := map[string]time.Duration{} // id -> its last charged admission
 	var adm []throttletest.Admitted

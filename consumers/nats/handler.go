@@ -222,7 +222,7 @@ func (h *Handler) handle(msg jetstream.Msg, arrived time.Time) {
 		return
 	}
 	r := &request{msg: msg, key: key, cost: cost, arrived: arrived}
-	r.id, r.consumer, r.delivery = requestID(msg)
+	r.id, r.waitKey, r.delivery = requestID(msg)
 	h.deliveryArrived(r)
 	h.decide(ctx, span, r)
 }
@@ -233,21 +233,24 @@ type request struct {
 	key      string
 	cost     int
 	id       string    // "" when the message has no metadata
-	consumer string    // the consumer that delivered it ("" without metadata)
+	waitKey  string    // its message among waiting deliveries (see deliveries); "" without metadata
 	delivery uint64    // its NumDelivered (0 without metadata)
 	arrived  time.Time // when this delivery reached Handle
 }
 
 // requestID is the identity the Gate decides msg by: its stream and
 // stream sequence, the same on every delivery and for every consumer of
-// the stream, or "" without metadata; and the consumer and count of the
-// delivery.
-func requestID(msg jetstream.Msg) (id, consumer string, delivery uint64) {
+// the stream, or "" without metadata; waitKey, the message's key among
+// waiting deliveries: the id per consumer (one Handler may serve several
+// consumers of a stream, each delivering on its own); and the count of
+// the delivery.
+func requestID(msg jetstream.Msg) (id, waitKey string, delivery uint64) {
 	md, err := msg.Metadata()
 	if err != nil {
 		return "", "", 0
 	}
-	return md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10), md.Consumer, md.NumDelivered
+	id = md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10)
+	return id, md.Consumer + "\x00" + id, md.NumDelivered
 }
 
 // decide makes one decision for r and acts on it: runs the handler,

@@ -82,35 +82,32 @@ func (h *Handler) supersede(ctx context.Context, span trace.Span, r *request) {
 	}
 }
 
-// The Handler's side of deliveries: r's message is known by its consumer
-// and id (one Handler may serve several consumers of a stream, each with
-// deliveries of its own); a request without an id is not tracked.
-
-func deliveriesKey(r *request) string { return r.consumer + "\x00" + r.id }
+// The Handler's side of deliveries: r's message is known by r.waitKey
+// (see requestID); a request without one is not tracked.
 
 // deliveryArrived notes r's arrival (see deliveries.arrived).
 func (h *Handler) deliveryArrived(r *request) {
-	if r.id != "" {
-		h.waiters.arrived(deliveriesKey(r), r.delivery)
+	if r.waitKey != "" {
+		h.waiters.arrived(r.waitKey, r.delivery)
 	}
 }
 
 // waitStarted notes that r waits here until waitDone.
 func (h *Handler) waitStarted(r *request) {
-	if r.id != "" {
-		h.waiters.wait(deliveriesKey(r), r.delivery)
+	if r.waitKey != "" {
+		h.waiters.wait(r.waitKey, r.delivery)
 	}
 }
 
 // waitDone notes that r stopped waiting (see deliveries).
 func (h *Handler) waitDone(r *request) {
-	if r.id != "" {
-		h.waiters.done(deliveriesKey(r))
+	if r.waitKey != "" {
+		h.waiters.done(r.waitKey)
 	}
 }
 
 // superseded reports whether a newer delivery of r's message arrived
 // while r waited (see deliveries).
 func (h *Handler) superseded(r *request) bool {
-	return r.id != "" && h.waiters.superseded(deliveriesKey(r), r.delivery)
+	return r.waitKey != "" && h.waiters.superseded(r.waitKey, r.delivery)
 }

@@ -180,10 +180,7 @@ func (a *asynqSide) enqueue(ctx context.Context, j job, retried bool) error {
 	if err != nil {
 		return err
 	}
-	queue, ok := a.queueOf[j.Tenant]
-	if !ok {
-		queue = a.queues[0]
-	}
+	queue := a.queueOf[j.Tenant] // every tenant of the trace has one
 	sctx, span := a.tracer.Start(ctx, "send "+queue, trace.WithSpanKind(trace.SpanKindProducer))
 	defer span.End()
 	task := asynq.NewTaskWithHeaders(taskType, data, asynqthrottle.InjectTraceContext(sctx, nil))

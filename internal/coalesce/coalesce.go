@@ -137,12 +137,11 @@ func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
 		// it. On one hot key with 16 goroutines that made script calls
 		// carry 7.8 decisions instead of 5.3.
 		b.mu.Lock()
-		full := len(b.queue) >= b.maxBatch
-		b.mu.Unlock()
-		if !full {
+		if len(b.queue) < b.maxBatch {
+			b.mu.Unlock()
 			runtime.Gosched()
+			b.mu.Lock()
 		}
-		b.mu.Lock()
 		if batch = b.take(); batch == nil {
 			b.inFlight--
 		}
