@@ -414,11 +414,18 @@ func TestRedisConcurrent(t *testing.T) {
 // about that time, not the client's 5 s ReadTimeout.
 func TestRedisTimeout(t *testing.T) {
 	srv := redistest.Start(t)
-	l, err := NewRedis(srv.Client(t), throttle.PerSecond(10), WithPrefix(freshPrefix()))
+	client := srv.Client(t)
+	l, err := NewRedis(client, throttle.PerSecond(10), WithPrefix(freshPrefix()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Allow(context.Background(), "k"); err != nil {
+	// Warm the pool and the script with a patient limiter on the same client:
+	// a loaded machine can take longer than 50 ms to dial and load a script.
+	patient, err := NewRedis(client, throttle.PerSecond(10), WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := patient.Allow(context.Background(), "k"); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Pause(); err != nil {
