@@ -126,7 +126,7 @@ func (l *Redis) peek(ctx context.Context, key string, lim *keyLimits) (int64, in
 	return v[0], v[1], nil
 }
 
-// Reset deletes key's bucket hash, its ids set and its pause: the key is
+// Reset deletes key's bucket, its ids set and its pause: the key is
 // full again, with no id remembered and not paused, in every process that
 // shares the Redis.
 // Resetting an unknown key is not an error. Errors are Redis or context

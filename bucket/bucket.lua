@@ -10,10 +10,10 @@
 --
 -- KEYS holds two keys per bucket, bucket after bucket; below, KEYS[1] and
 -- KEYS[2] are those of one bucket.
--- KEYS[1]  the bucket's hash: tokens = credit at ts (an integer), ts = µs
---          since the Unix epoch at which credit was measured, per = the
---          period credit is counted in (ARGV[1] when written). A missing
---          key is a full bucket.
+-- KEYS[1]  the bucket: "credit ts per" (see convert.lua), credit at ts (an
+--          integer), ts = µs since the Unix epoch at which credit was
+--          measured, per = the period credit is counted in (ARGV[1] when
+--          written). A missing key is a full bucket.
 -- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which
 --          every take is refused; missing when not paused.
 -- ARGV[1]  now, µs, from the client's clock; "" for the server's TIME.
@@ -26,10 +26,10 @@
 --     min  take nothing unless at least min tokens are there (>= 1).
 --     max  take at most max tokens (min <= max <= burst).
 --
--- The hash's per field is the period its credit is counted in. A quota
+-- The stored per is the period its credit is counted in. A quota
 -- whose period differs (WithQuotas, or a new Rate.Per) keeps the bucket's
--- whole tokens (convert, in the prelude convert.lua). A hash without per
--- is counted in the current period.
+-- whole tokens (convert, in the prelude convert.lua). A hash of an earlier
+-- version without per is counted in the current period.
 --
 -- Elapsed time is clamped at 0: if now is before ts, the bucket is read at
 -- ts and ts is kept, so stored time never moves backwards. A rejection
@@ -103,15 +103,13 @@ local function take(s, a, g)
 	if not taken then
 		return
 	end
-	redis.call("HSET", key, "tokens", credit, "ts", ts, "per", per)
-
 	-- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
 	local d = count * 1000
 	local ttl = math.floor((cap - credit) / d)
 	if ttl * d < cap - credit then
 		ttl = ttl + 1
 	end
-	redis.call("PEXPIRE", key, ttl)
+	store(key, credit, ts, per, ttl) -- convert.lua
 end
 
 -- The buckets one after another (eachKey: internal/redisscript/grouped.lua):

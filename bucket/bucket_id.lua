@@ -2,12 +2,11 @@
 -- (AllowID), atomically: reservations take tokens ahead of time, as
 -- golang.org/x/time/rate's ReserveN does, and ids make admission
 -- idempotent. The twin of Local.AllowID (local_ids.go); the credit
--- arithmetic and the hash are bucket.lua's, except that credit may be
--- negative: a debt of reservations.
+-- arithmetic and the stored bucket are bucket.lua's, except that credit
+-- may be negative: a debt of reservations.
 --
--- KEYS[1]  the bucket's hash {tokens, ts} (see bucket.lua). A missing key
---          is a full bucket.
--- KEYS[2]  the key's ids: a sorted set beside the hash, in the same slot.
+-- KEYS[1]  the bucket (see bucket.lua). A missing key is a full bucket.
+-- KEYS[2]  the key's ids: a sorted set beside the bucket, in the same slot.
 --          Members "A:"..id (admitted, scored by the admission instant)
 --          and "R:"..id (reserved, scored by the slot), µs since the Unix
 --          epoch.
@@ -37,10 +36,10 @@
 -- admitted if n tokens are there, taking them; else, if taking them now
 -- leaves a debt that the refill repays within the horizon (wait =
 -- ceil((n * per - credit) / count) µs), they are taken and the id is
--- reserved at now + wait; else nothing is written. After a write the hash
+-- reserved at now + wait; else nothing is written. After a write the bucket
 -- expires when the bucket would be full again, counting the debt, and the
 -- ids set when its newest entry is forgotten (PEXPIRE GT: Redis 7.0 or
--- newer). With a client clock that moves backwards, after the hash has
+-- newer). With a client clock that moves backwards, after the bucket has
 -- expired, the set may expire before an older id is forgotten.
 --
 -- Returns {allowed (0|1), credit, wait_us, reserved (0|1)}: credit = what
@@ -97,10 +96,9 @@ local function remember(member, score, newest)
 	end
 end
 
--- store writes the bucket and makes it expire when full again.
-local function store(c)
-	redis.call("HSET", key, "tokens", c, "ts", ts, "per", per)
-	redis.call("PEXPIRE", key, ceildiv(cap - c, count * 1000))
+-- save writes the bucket with credit c, expiring when full again.
+local function save(c)
+	store(key, c, ts, per, ceildiv(cap - c, count * 1000)) -- convert.lua
 end
 
 local s = redis.call("ZMSCORE", ids, "A:" .. id, "R:" .. id)
@@ -120,7 +118,7 @@ end
 local need = n * per
 if credit >= need then
 	credit = credit - need
-	store(credit)
+	save(credit)
 	remember("A:" .. id, now, true)
 	return {1, credit, 0, 0}
 end
@@ -128,7 +126,7 @@ end
 local debt = need - credit -- > 0: the credit missing after taking now
 local wait = ceildiv(debt, count)
 if wait <= horizon and debt <= maxdebt then
-	store(-debt)
+	save(-debt)
 	remember("R:" .. id, now + wait, true)
 	return {0, -debt, wait, 1}
 end

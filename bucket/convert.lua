@@ -1,9 +1,40 @@
--- convert.lua: the prelude of every bucket script that reads a bucket's
--- hash (Go prepends it to bucket.lua, bucket_id.lua, giveback.lua,
--- peek.lua and refund.lua): convert, clock, refill and giveBack.
+-- convert.lua: the prelude of every bucket script that reads a bucket
+-- (Go prepends it to bucket.lua, bucket_id.lua, giveback.lua, peek.lua and
+-- refund.lua): load, store, convert, clock, refill and giveBack.
+--
+-- A bucket is a string key "credit ts per": its credit (an integer,
+-- negative with a debt of reservations), the instant ts it was measured
+-- at (µs since the Unix epoch) and the period per it is counted in (µs
+-- per token). A string, not a hash: one SET PX writes it and its expiry,
+-- where a hash took HSET and PEXPIRE (a Redis command less per decision).
+
+-- load returns the credit, ts and per stored at key, or nil when the key
+-- is missing. A hash {tokens, ts, per} (how earlier versions stored a
+-- bucket) is read as well; the next store replaces it. A key of another
+-- type, or a string of another form, is an error (WRONGTYPE).
+local function load(key)
+	local v = redis.pcall("GET", key)
+	if type(v) == "table" then -- an error reply: not a string
+		local st = redis.call("HMGET", key, "tokens", "ts", "per")
+		return tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+	end
+	if not v then
+		return nil
+	end
+	local c, t, p = string.match(v, "^(%-?%d+) (%d+) (%d+)$")
+	if not c then
+		error({err = "WRONGTYPE the key holds a string that is not a token bucket"})
+	end
+	return tonumber(c), tonumber(t), tonumber(p)
+end
+
+-- store writes the bucket at key, expiring in ttl ms (>= 1).
+local function store(key, credit, ts, per, ttl)
+	redis.call("SET", key, string.format("%d %d %d", credit, ts, per), "PX", string.format("%d", ttl))
+end
 --
 -- convert returns credit, counted in the period sp (µs per token, the
--- hash's per field; nil: the current one), counted in per instead: the
+-- stored per; nil: the current one), counted in per instead: the
 -- same credit when the period is the same; otherwise its whole tokens
 -- (floor, so a partial debt counts as a whole token) within
 -- [-floor((2^53 - cap) / per), cap / per] tokens, times per. A quota whose
@@ -34,18 +65,17 @@ local function clock(arg)
 	return t[1] * 1000000 + t[2]
 end
 
--- refill reads the bucket in key's hash at now and returns its credit
--- (counted in per: convert) and the instant it is read at. A missing or
--- partial hash is a full bucket at now. Else the credit grows by count per
--- µs since the hash's ts, up to cap; a now before ts counts as no time
+-- refill reads the bucket at key at now and returns its credit (counted
+-- in per: convert) and the instant it is read at. A missing bucket (or a
+-- partial hash) is full at now. Else the credit grows by count per µs
+-- since the stored ts, up to cap; a now before ts counts as no time
 -- passing, and the instant is ts (stored time never moves backwards).
 local function refill(key, per, count, cap, now)
-	local st = redis.call("HMGET", key, "tokens", "ts", "per")
-	local credit, ts = tonumber(st[1]), tonumber(st[2])
+	local credit, ts, sp = load(key)
 	if credit == nil or ts == nil then
 		return cap, now
 	end
-	credit = convert(credit, tonumber(st[3]), per, cap)
+	credit = convert(credit, sp, per, cap)
 	if now > ts then
 		-- Beyond cap the product may be inexact; it is clamped to cap anyway.
 		credit = credit + (now - ts) * count
@@ -57,19 +87,18 @@ local function refill(key, per, count, cap, now)
 	return credit, ts
 end
 
--- giveBack returns n tokens to the bucket in key's hash (its credit
--- counted in per: convert), up to cap, without moving its ts, and returns
--- the credit stored after (cap when full). A missing or partial hash is a
--- full bucket and stays missing. The hash's expiry moves to the instant
--- the bucket is full again, at ts + ceil((cap - credit) / count); it is
--- deleted if that is not after now (or ts, when now is before it).
+-- giveBack returns n tokens to the bucket at key (its credit counted in
+-- per: convert), up to cap, without moving its ts, and returns the credit
+-- stored after (cap when full). A missing bucket (or a partial hash) is
+-- full and stays missing. Its expiry moves to the instant the bucket is
+-- full again, at ts + ceil((cap - credit) / count); it is deleted if that
+-- is not after now (or ts, when now is before it).
 local function giveBack(key, per, count, cap, n, now)
-	local st = redis.call("HMGET", key, "tokens", "ts", "per")
-	local credit, ts = tonumber(st[1]), tonumber(st[2])
+	local credit, ts, sp = load(key)
 	if credit == nil or ts == nil then
 		return cap
 	end
-	credit = convert(credit, tonumber(st[3]), per, cap) + n * per
+	credit = convert(credit, sp, per, cap) + n * per
 	if credit > cap then
 		credit = cap
 	end
@@ -85,11 +114,10 @@ local function giveBack(key, per, count, cap, n, now)
 		redis.call("DEL", key)
 		return cap
 	end
-	redis.call("HSET", key, "tokens", credit, "per", per)
 	local ttl = math.floor(left / 1000)
 	if ttl * 1000 < left then
 		ttl = ttl + 1
 	end
-	redis.call("PEXPIRE", key, ttl)
+	store(key, credit, ts, per, ttl)
 	return credit
 end

@@ -70,11 +70,11 @@
 // amortized O(1) per id, at the key's next AllowID; a key is forgotten
 // only once its bucket is full and its ids forgotten (or when the LRU
 // needs the room, see Local). Redis keeps them in a sorted set beside the
-// key's hash, prefix + "{" + escaped key + "}" + ":ids" (the same Cluster
+// key's bucket, prefix + "{" + escaped key + "}" + ":ids" (the same Cluster
 // slot), with members "A:" + id (admitted, scored by the admission
 // instant in µs since the Unix epoch) and "R:" + id (reserved, scored by
 // the slot in µs); the set expires when its newest id is forgotten, and
-// the hash, which holds the debt as negative tokens, when the bucket would
+// the bucket, which holds the debt as negative credit, when it would
 // be full again. One Lua script (bucket_id.lua) decides each AllowID;
 // AllowN's script is unchanged.
 //
@@ -89,7 +89,7 @@
 // one: the key's bucket keeps the tokens it holds, capped at the new burst,
 // and refills at the new rate from then on; a new Per keeps the whole
 // tokens (a partial one is dropped). Redis stores the period a key's
-// credit is counted in beside it (field "per" of the hash), so that every
+// credit is counted in beside it (the per of its string), so that every
 // process converts the same way, and a Hybrid drops (never returns) the
 // tokens it leased under a quota that changed. The quota package keeps
 // quotas in a Redis hash, cached in process.
@@ -120,7 +120,7 @@
 // nothing taken and nothing reserved; a longer pause extends, a shorter
 // one never shortens. Consumers call it, through throttle.Gate.Pause, when
 // a partner answers 429 (natsthrottle.Backoff, asynqthrottle.Backoff).
-// Redis keeps the pause in a string key beside the hash, prefix + "{" +
+// Redis keeps the pause in a string key beside the bucket, prefix + "{" +
 // escaped key + "}:pause", holding the instant it ends; bucket.lua and
 // bucket_id.lua read it with one GET per script call, and it expires when the
 // pause ends. A Hybrid sees another process's pause at its next lease call
@@ -141,16 +141,20 @@
 //
 // # Redis
 //
-// Each key's bucket is one hash {tokens, ts} under prefix + "{" + escaped
-// key + "}" (default prefix "throttle:bucket:"). The key sits inside a
+// Each key's bucket is one string "credit ts per" under prefix + "{" +
+// escaped key + "}" (default prefix "throttle:bucket:"): its credit in
+// integer units at ts, µs since the Unix epoch, and the period per it is
+// counted in (see Redis). A hash {tokens, ts, per}, as versions before
+// this one stored a bucket, is read as well and replaced at the next
+// write, so a rolling upgrade keeps every bucket. The key sits inside a
 // Redis Cluster hash tag, escaped so that no key can break out of the tag
 // or collide with another: "" becomes "%E"; '%', '{' and '}' become "%25",
 // "%7B" and "%7D"; a key longer than 256 bytes becomes "%H" + its hex
-// SHA-256. The hash expires when the bucket would be full again.
+// SHA-256. The key expires when the bucket would be full again.
 //
 // Redis Cluster: NewRedis and NewHybrid take a redis.Scripter, which
 // *redis.Client, *redis.ClusterClient and *redis.Ring all satisfy. Each
-// script touches only the keys of one identity (its hash, ids and pause,
+// script touches only the keys of one identity (its bucket, ids and pause,
 // all in one slot), so it runs on the
 // master of that key's slot and can never fail with CROSSSLOT. If a
 // master is down, only the keys in its slots fail: Redis.AllowN returns

@@ -1,8 +1,8 @@
 -- giveback.lua: return unused tokens to one token bucket (see bucket.lua
--- for the credit arithmetic and the hash), without moving its refill
+-- for the credit arithmetic and the stored bucket), without moving its refill
 -- timeline.
 --
--- KEYS[1]  the bucket's hash {tokens, ts}.
+-- KEYS[1]  the bucket (see bucket.lua).
 -- ARGV[1]  per: credit per token = the refill period in µs.
 -- ARGV[2]  count: credit added per µs.
 -- ARGV[3]  cap: credit of a full bucket.

@@ -9,7 +9,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -73,15 +72,10 @@ func redisTokensAt(t testing.TB, c *redis.Client, h *Hybrid, key string, at time
 
 func redisBucket(t testing.TB, c *redis.Client, h *Hybrid, key string) (tokens float64, ts int64) {
 	t.Helper()
-	v, err := c.HMGet(context.Background(), rediskey.Key(h.redis.prefix, key), "tokens", "ts").Result()
-	require.NoError(t, err)
-	if v[0] == nil {
+	credit, ts, _, ok := storedBucket(t, c, rediskey.Key(h.redis.prefix, key))
+	if !ok {
 		return float64(h.burst), 0
 	}
-	credit, err := strconv.ParseInt(v[0].(string), 10, 64)
-	require.NoError(t, err)
-	ts, err = strconv.ParseInt(v[1].(string), 10, 64)
-	require.NoError(t, err)
 	return float64(credit) / float64(h.redis.lims.def.p.perUS), ts
 }
 

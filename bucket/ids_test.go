@@ -87,9 +87,8 @@ func TestRedisIDKeysExpire(t *testing.T) {
 			t.Fatalf("ids set = %v, want %v", got, want)
 		}
 	}
-	tokens, err := client.HGet(ctx, k, "tokens").Int64()
-	if err != nil || tokens != -2_000_000 {
-		t.Fatalf("tokens = %d, %v; want -2000000 (a debt of two tokens)", tokens, err)
+	if credit, _, _, ok := storedBucket(t, client, k); !ok || credit != -2_000_000 {
+		t.Fatalf("credit = %d (stored %v); want -2000000 (a debt of two tokens)", credit, ok)
 	}
 
 	// Claiming c records it as admitted, remembered until 1.5 s: that does

@@ -41,7 +41,7 @@ func (l *Local) paused(key string, lim *keyLimits, n int, now, left int64) throt
 // Redis, as throttle.Pauser describes: AllowN, AllowID and the Hybrid's
 // leases are refused (RetryAfter at least the time left of the pause, the
 // refill's wait when longer; Remaining 0), taking and reserving nothing.
-// The pause is a string key beside the key's hash, prefix + "{" + escaped
+// The pause is a string key beside the key's bucket, prefix + "{" + escaped
 // key + "}" + ":pause" (same cluster slot), holding the instant the pause
 // ends on the bucket's clock (the Redis server's TIME, or the WithClock
 // clock); one script sets it only if that is later than the end already

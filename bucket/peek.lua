@@ -1,7 +1,6 @@
 -- peek.lua: read one token bucket at now, writing nothing (Peek).
 --
--- KEYS[1]  the bucket's hash {tokens, ts, per} (see bucket.lua). A
---          missing key is a full bucket.
+-- KEYS[1]  the bucket (see bucket.lua). A missing key is a full bucket.
 -- KEYS[2]  the key's pause (see bucket.lua).
 -- ARGV[1]  per: credit per token = the refill period in µs (integer).
 -- ARGV[2]  count: credit added per µs = tokens per period (integer).

@@ -25,7 +25,7 @@ import (
 // token the bucket did not hold. A shrunk burst therefore limits the very
 // next decision; a grown one fills at the new rate. A key seen for the
 // first time starts full at its quota's burst. Redis keeps the period a
-// key's credit is counted in beside it (field "per" of its hash), so every
+// key's credit is counted in beside it (the per of its string), so every
 // process converts the same way; the Hybrid drops (does not return) the
 // tokens it leased for a key under a quota that changed, and leases anew
 // under the new one. A Local forgets a key once its bucket is full under

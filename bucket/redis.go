@@ -21,8 +21,8 @@ import (
 )
 
 var (
-	// convertLua is the prelude of the scripts that read a bucket's hash
-	// (see convert.lua).
+	// convertLua is the prelude of the scripts that read a bucket (see
+	// convert.lua).
 	//go:embed convert.lua
 	convertLua string
 	//go:embed bucket.lua
@@ -45,15 +45,16 @@ var (
 // tokens ahead of time, and idempotent ids, in a second script (see
 // AllowID).
 //
-// State is one hash per key, {tokens, ts}, holding the bucket's credit at
-// ts in exact integers (a token is worth Per in µs, each µs adds Count;
-// see bucket.lua). The key expires when the bucket would be full again;
+// State is one string per key, "credit ts per", holding the bucket's
+// credit at ts in exact integers (a token is worth Per in µs, each µs adds
+// Count; see convert.lua), written with its expiry by one SET PX. The key
+// expires when the bucket would be full again;
 // a missing key reads full. By default time is the Redis server's TIME at
 // microsecond precision, so every process shares one clock. With WithClock
 // the client sends its own time in µs; either way a clock that moves
 // backwards counts as no time passing and stored time never moves
-// backwards. The hash also holds the period its credit is counted in
-// ("per"), so a key decided under another Rate.Per (a quota, or a new
+// backwards. The key also holds the period its credit is counted in
+// (per), so a key decided under another Rate.Per (a quota, or a new
 // Rate under the same prefix) keeps its whole tokens (see WithQuotas).
 //
 // Every call has a deadline of WithTimeout (default 50 ms), as a context

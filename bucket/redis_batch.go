@@ -20,7 +20,7 @@ var takeScript = redisscript.New(redisscript.GroupedLua + convertLua + bucketLua
 // takeReq is one request of bucket.lua: take at least min tokens of key's
 // bucket, at most max.
 type takeReq struct {
-	key            string     // the Redis key of the bucket's hash
+	key            string     // the Redis key of the bucket
 	pause          string     // and of its pause (key + pause.Suffix, one allocation with key)
 	lim            *keyLimits // the key's quota's (see WithQuotas)
 	argMin, argMax any
@@ -85,7 +85,7 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 	l.calls.Run(ctx, coalesce.Group(calls, func(r takeReq) string { return r.key }), true)
 }
 
-// command builds bucket.lua's call for groups: the hash and pause of each
+// command builds bucket.lua's call for groups: the bucket and pause of each
 // key, now, then each key's quota and requests. A key's requests go under
 // the first one's quota: they differ only if the quota changed while they
 // were queued.

@@ -23,7 +23,7 @@ var (
 	idScript = redis.NewScript(convertLua + bucketIDLua)
 )
 
-// idsSuffix names a key's ids set beside its bucket hash: after the hash
+// idsSuffix names a key's ids set beside its bucket: after the hash
 // tag, so in the same slot; a bucket key always ends with the tag's '}',
 // so none ends with it.
 const idsSuffix = ":ids"
@@ -48,7 +48,7 @@ const idsSuffix = ":ids"
 //     and rejects as AllowN does (Reserved false). horizon 0 never
 //     reserves; horizons beyond 2^52 µs act as 2^52 µs.
 //
-// Ids live in a sorted set beside the key's hash, prefix + "{" + escaped
+// Ids live in a sorted set beside the key's bucket, prefix + "{" + escaped
 // key + "}" + ":ids", members "A:" + id (admitted) and "R:" + id
 // (reserved) scored in µs; they are remembered for the bucket's time from
 // empty to full (burst × Per / Count) after their admission or slot, and

@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"reflect"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -49,7 +49,24 @@ func TestRedisAccessors(t *testing.T) {
 	}
 }
 
-// TestRedisKeyLayout checks the hash under its escaped, hash-tagged key.
+// storedBucket reads the bucket stored at key ("credit ts per", see
+// convert.lua); ok is false when the key is missing.
+func storedBucket(t testing.TB, client *redis.Client, key string) (credit, ts, per int64, ok bool) {
+	t.Helper()
+	v, err := client.Get(context.Background(), key).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, 0, 0, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Sscanf(v, "%d %d %d", &credit, &ts, &per); err != nil {
+		t.Fatalf("bucket at %q = %q: %v", key, v, err)
+	}
+	return credit, ts, per, true
+}
+
+// TestRedisKeyLayout checks the bucket under its escaped, hash-tagged key.
 func TestRedisKeyLayout(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
 	l, client := newTestRedis(t, throttle.PerSecond(10), 3, WithClock(clock))
@@ -67,19 +84,62 @@ func TestRedisKeyLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := l.prefix + tagged
-		got, err := client.HGetAll(ctx, key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := map[string]string{"tokens": "2000000", "ts": "1767323045000000", "per": "1000000"}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("key %.40q: HGETALL %q = %v, want %v", id, key, got, want)
+		got, err := client.Get(ctx, key).Result()
+		if want := "2000000 1767323045000000 1000000"; err != nil || got != want {
+			t.Fatalf("key %.40q: GET %q = %q, %v; want %q (credit ts per)", id, key, got, err, want)
 		}
 		// The hash tag is everything between the first '{' and the next '}'.
 		tag := key[strings.IndexByte(key, '{')+1:]
 		tag = tag[:strings.IndexByte(tag, '}')]
 		if tag == "" || !strings.HasSuffix(key, "{"+tag+"}") {
 			t.Fatalf("key %q: hash tag %q does not span the identity", key, tag)
+		}
+	}
+}
+
+// TestRedisReadsHashOfEarlierVersion: a bucket stored as a hash {tokens,
+// ts, per}, as versions before the string layout wrote it, keeps its
+// tokens (a rolling upgrade loses nothing) and becomes a string at the
+// next write; a key of another type, or a string that is not a bucket,
+// is an error, never a full bucket.
+func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	l, client := newTestRedis(t, throttle.PerSecond(1), 5, WithClock(clock))
+	ctx := ctxT(t)
+	t0 := throttletest.T0.UnixMicro()
+	key := rediskey.Key(l.prefix, "old")
+	// 1 token of 5 left, counted in µs per token (per = 10^6).
+	if err := client.HSet(ctx, key, "tokens", 1_000_000, "ts", t0, "per", 1_000_000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.giveBack(ctx, "old", l.lims.def, 1); err != nil { // 2 left, written as a string
+		t.Fatal(err)
+	}
+	if credit, ts, per, ok := storedBucket(t, client, key); !ok || credit != 2_000_000 || ts != t0 || per != 1_000_000 {
+		t.Fatalf("after giveBack on a hash: credit %d ts %d per %d (stored %v); want 2000000 %d 1000000", credit, ts, per, ok, t0)
+	}
+	for i, want := range []bool{true, true, false} {
+		if d, err := l.AllowN(ctx, "old", 1); err != nil || d.Allowed != want {
+			t.Fatalf("AllowN #%d = %+v, %v; want allowed %v (2 tokens were left)", i+1, d, err, want)
+		}
+	}
+
+	if err := client.HSet(ctx, rediskey.Key(l.prefix, "old2"), "tokens", 0, "ts", t0, "per", 1_000_000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.AllowN(ctx, "old2", 1); err != nil || d.Allowed {
+		t.Fatalf("AllowN on an empty hash bucket = %+v, %v; want rejected", d, err)
+	}
+
+	if err := client.RPush(ctx, rediskey.Key(l.prefix, "list"), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Set(ctx, rediskey.Key(l.prefix, "text"), "not a bucket", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"list", "text"} {
+		if d, err := l.AllowN(ctx, k, 1); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Fatalf("AllowN on a %s key = %+v, %v; want a WRONGTYPE error", k, d, err)
 		}
 	}
 }
@@ -124,7 +184,7 @@ func TestRedisTTL(t *testing.T) {
 	}
 }
 
-// TestRedisRejectionWritesNothing compares the hash and its expiry before
+// TestRedisRejectionWritesNothing compares the bucket and its expiry before
 // and after rejections.
 func TestRedisRejectionWritesNothing(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
@@ -134,7 +194,7 @@ func TestRedisRejectionWritesNothing(t *testing.T) {
 	if d, err := l.AllowN(ctx, "k", 2); err != nil || !d.Allowed {
 		t.Fatalf("AllowN(2) = %+v, %v", d, err)
 	}
-	before, err := client.HGetAll(ctx, key).Result()
+	before, err := client.Get(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,12 +208,12 @@ func TestRedisRejectionWritesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	after, err := client.HGetAll(ctx, key).Result()
+	after, err := client.Get(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(before, after) {
-		t.Fatalf("rejections changed the hash: before %v, after %v", before, after)
+	if before != after {
+		t.Fatalf("rejections changed the bucket: before %q, after %q", before, after)
 	}
 	if ttl := client.PTTL(ctx, key).Val(); ttl > ttlBefore {
 		t.Fatalf("rejections moved the expiry: PTTL %v before, %v after", ttlBefore, ttl)

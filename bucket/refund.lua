@@ -4,7 +4,7 @@
 -- giveback.lua), and the id forgotten, in one step, so that refunding
 -- twice gives back once.
 --
--- KEYS[1]  the bucket's hash {tokens, ts, per} (see bucket.lua).
+-- KEYS[1]  the bucket (see bucket.lua).
 -- KEYS[2]  the key's ids (see bucket_id.lua): "A:"..id, "R:"..id.
 -- ARGV[1]  per: credit per token = the refill period in µs.
 -- ARGV[2]  count: credit added per µs.
@@ -18,8 +18,8 @@
 --
 -- An id is held while bucket_id.lua would still know it: admitted after
 -- now - memory, or reserved. Then both its members go, and credit grows by
--- n * per, capped at cap; ts stays. A missing hash is a full bucket and
--- stays missing. The hash's expiry moves to the instant it is now full
+-- n * per, capped at cap; ts stays. A missing bucket is full and stays
+-- missing. The bucket's expiry moves to the instant it is now full
 -- (deleted if that is already past).
 --
 -- Returns 1 if the id held something, else 0 (and writes nothing).

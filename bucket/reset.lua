@@ -1,6 +1,6 @@
 -- reset.lua: forget one key of a token bucket (Reset).
 --
--- KEYS[1]  the bucket's hash {tokens, ts, per}.
+-- KEYS[1]  the bucket (see bucket.lua).
 -- KEYS[2]  the key's ids set (see bucket_id.lua).
 -- KEYS[3]  the key's pause (see bucket.lua).
 --
