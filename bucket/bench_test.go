@@ -121,3 +121,17 @@ func BenchmarkRedisPing(b *testing.B) {
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, benchParallelism, func(int) error { return client.Ping(ctx).Err() })
 }
+
+// BenchmarkCoalescedLoad is TestCoalescedLoad at the default timeout (50
+// ms): 500 goroutines on a fresh key at once, beside two CPU-bound
+// goroutines, a burst per iteration. It reports the calls that failed
+// (the target is 0) and those admitted (exactly the burst, 100, without
+// failures) per burst, and the slowest call.
+func BenchmarkCoalescedLoad(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	l, err := NewRedis(client, throttle.Rate{Count: 1, Per: time.Hour}, 100, WithPrefix(freshPrefix()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchtest.Bursts(b, l, func(i int) string { return "hot-" + strconv.Itoa(i) })
+}

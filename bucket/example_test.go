@@ -82,7 +82,7 @@ func ExampleNewRedis() {
 		fmt.Println("cannot decide:", err)
 		return
 	}
-	fmt.Println("allowed:", d.Allowed, "retry in about", d.RetryAfter.Round(10*time.Millisecond))
+	fmt.Println("allowed:", d.Allowed, "retry in about", d.RetryAfter.Round(50*time.Millisecond)) // 50 ms less the time since the first call
 	// Output:
 	// allowed: true
 	// allowed: false retry in about 50ms

@@ -171,3 +171,18 @@ func BenchmarkRedisWindowBefore(b *testing.B) {
 		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error { return allow(prefix + "{" + benchKeys[i%len(benchKeys)] + "}") })
 	})
 }
+
+// BenchmarkCoalescedLoad is TestCoalescedLoad at the default timeout (50
+// ms): 500 goroutines on a fresh key at once, beside two CPU-bound
+// goroutines, a burst per iteration. It reports the calls that failed
+// (the target is 0) and those admitted (exactly Count, 100, without
+// failures) per burst, and the slowest call.
+func BenchmarkCoalescedLoad(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	r := throttle.Rate{Count: 100, Per: time.Minute}
+	l, err := NewRedis(client, r, WithPrefix(freshPrefix()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchtest.Bursts(b, l, func(i int) string { return "hot-" + strconv.Itoa(i) })
+}

@@ -138,7 +138,8 @@ func TestRedisAllowJointStalled(t *testing.T) {
 	a := newTestRedis(t, client, rate, WithTimeout(100*time.Millisecond))
 	b := newTestRedis(t, client, rate, WithTimeout(100*time.Millisecond))
 	parts, keys := []throttle.Limiter{a, b}, []string{"k", "k"}
-	if _, ok, err := a.AllowJoint(ctx, parts, keys, 1); err != nil || !ok { // connect, load the script
+	pa, pb := patient(t, client, a), patient(t, client, b)
+	if _, ok, err := pa.AllowJoint(ctx, []throttle.Limiter{pa, pb}, keys, 1); err != nil || !ok { // connect, load the script
 		t.Fatalf("AllowJoint: ok %v, %v", ok, err)
 	}
 	direct := srv.Client(t)

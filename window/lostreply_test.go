@@ -34,7 +34,7 @@ func TestDroppedRepliesChargeOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := l.Peek(ctx, "k", 1); err != nil { // connect, load the script
+		if _, err := patient(t, client, l).Peek(ctx, "k", 1); err != nil { // connect, load the script
 			t.Fatal(err)
 		}
 		proxy.DropReplies(true)
@@ -82,7 +82,7 @@ func TestStalledRedisAppliesNothingLate(t *testing.T) {
 	client := srv.Client(t)
 	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Minute}, WithTimeout(100*time.Millisecond))
 	ctx := context.Background()
-	if _, err := l.AllowID(ctx, "k", 1, "warm", 0); err != nil { // connect, load the script
+	if _, err := patient(t, client, l).AllowID(ctx, "k", 1, "warm", 0); err != nil { // connect, load the script
 		t.Fatal(err)
 	}
 	direct := srv.Client(t)

@@ -27,6 +27,15 @@ func newTestRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Optio
 	return l
 }
 
+// patient returns l's twin on client with the tests' generous timeout: the
+// same keys and scripts. A test whose limiter has a short timeout warms
+// with it (connection open, script loaded), which a loaded machine may not
+// do within the short one.
+func patient(t *testing.T, client redis.Scripter, l *Redis) *Redis {
+	t.Helper()
+	return newTestRedis(t, client, l.rate, WithPrefix(l.prefix))
+}
+
 // newClockedRedis returns newTestRedis(t, c, r, opts...) on a fake clock
 // at T0, and the clock.
 func newClockedRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, *throttletest.Clock) {
@@ -419,13 +428,7 @@ func TestRedisTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Warm the pool and the script with a patient limiter on the same client:
-	// a loaded machine can take longer than 50 ms to dial and load a script.
-	patient, err := NewRedis(client, throttle.PerSecond(10), WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := patient.Allow(context.Background(), "k"); err != nil {
+	if _, err := patient(t, client, l).Allow(context.Background(), "k"); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Pause(); err != nil {
@@ -581,7 +584,7 @@ func TestRedisLostReply(t *testing.T) {
 	client := srv.Client(t)
 	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Minute}, WithTimeout(100*time.Millisecond))
 	ctx := context.Background()
-	if _, err := l.AllowID(ctx, "k", 1, "warm", 0); err != nil { // connect, load the script
+	if _, err := patient(t, client, l).AllowID(ctx, "k", 1, "warm", 0); err != nil { // connect, load the script
 		t.Fatal(err)
 	}
 	if err := srv.Pause(); err != nil {

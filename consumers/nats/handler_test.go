@@ -483,12 +483,10 @@ func TestHeldDoesNotBlockConsume(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for i := 1; i <= 5; i++ {
+		// Run while a2 was held (not after it, blocked behind it).
 		b := fmt.Sprintf("b%d", i)
-		if d := at[b].at.Sub(at["a1"].at); d > 500*time.Millisecond {
-			t.Errorf("%s handled %v after a1: blocked behind the held a2", b, d)
-		}
 		if heldAt[b] != 1 {
-			t.Errorf("Held() = %d while %s ran, want 1", heldAt[b], b)
+			t.Errorf("Held() = %d while %s ran, want 1: blocked behind the held a2", heldAt[b], b)
 		}
 	}
 	time.Sleep(cfg.AckWait)

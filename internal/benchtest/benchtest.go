@@ -1,10 +1,16 @@
 // Package benchtest runs one operation as the pair of benchmarks every
-// limiter comparison in this module uses: sequential and parallel.
+// limiter comparison in this module uses (sequential and parallel), and
+// bursts of concurrent decisions under CPU load (Bursts).
 package benchtest
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 )
 
 // SeqAndParallel benchmarks op in two sub-benchmarks with allocations
@@ -41,4 +47,35 @@ func SeqAndParallel(b *testing.B, parallelism int, op func(i int) error) {
 			}
 		})
 	})
+}
+
+// BurstSize is the number of goroutines of one burst in Bursts.
+const BurstSize = 500
+
+// Bursts runs a burst of BurstSize goroutines deciding on key(i) at once,
+// beside two CPU-bound goroutines (throttletest.RunBurst), per iteration
+// i, and reports per burst the calls that failed ("failed/burst"), the
+// calls admitted ("admitted/burst") and the slowest call in ms
+// ("slowest-ms", the worst of the run). A call's error does not stop the
+// benchmark: how many fail is what it measures.
+func Bursts(b *testing.B, l throttle.Limiter, key func(i int) string) {
+	// Warm, as a running service is: connections open, scripts loaded.
+	for range 3 {
+		if _, err := l.AllowN(context.Background(), key(-1), 1); err == nil {
+			break
+		}
+	}
+	var failed, admitted int
+	var slowest time.Duration
+	i := 0
+	for b.Loop() {
+		res := throttletest.RunBurst(l, key(i), BurstSize)
+		failed += res.Failed
+		admitted += res.Admitted
+		slowest = max(slowest, res.Slowest)
+		i++
+	}
+	b.ReportMetric(float64(failed)/float64(i), "failed/burst")
+	b.ReportMetric(float64(admitted)/float64(i), "admitted/burst")
+	b.ReportMetric(float64(slowest)/float64(time.Millisecond), "slowest-ms")
 }

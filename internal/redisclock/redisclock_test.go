@@ -88,10 +88,14 @@ func TestRealServer(t *testing.T) {
 	if err := c.Ready(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if d := (c.Offset() - time.Hour).Abs(); d > 10*time.Millisecond {
-		t.Fatalf("Offset = %v, want 1h (the local clock is an hour behind)", c.Offset())
-	}
-	if c.Bound() <= 0 || c.Bound() > 50*time.Millisecond {
+	// The estimate is off by at most its Bound (half the best round
+	// trip): both are only as good as this machine's loopback, so the
+	// check is against the Bound, which must be above 0 and far below the
+	// hour it would show if it measured the wrong thing.
+	if c.Bound() <= 0 || c.Bound() > time.Second {
 		t.Fatalf("Bound = %v", c.Bound())
+	}
+	if d := (c.Offset() - time.Hour).Abs(); d > c.Bound()+time.Millisecond {
+		t.Fatalf("Offset = %v, want 1h within the bound %v (the local clock is an hour behind)", c.Offset(), c.Bound())
 	}
 }

@@ -4,8 +4,8 @@ import (
 	"context"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -36,16 +36,21 @@ func Spin(n int) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// Burst makes goroutines calls of l.AllowN(key, 1) at once, beside two
-// CPU-bound goroutines (Spin), and returns how many were admitted. Any
-// error fails t.
-func Burst(t testing.TB, l throttle.Limiter, key string, goroutines int) int {
-	t.Helper()
+// BurstResult is what one Burst of calls came to.
+type BurstResult struct {
+	Admitted, Failed int
+	FirstErr         error         // the first failure, nil without one
+	Slowest          time.Duration // the longest call
+}
+
+// RunBurst makes goroutines calls of l.AllowN(key, 1) at once, beside two
+// CPU-bound goroutines (Spin), and returns what they came to.
+func RunBurst(l throttle.Limiter, key string, goroutines int) BurstResult {
 	stop := Spin(2)
 	defer stop()
 	ctx := context.Background()
-	var admitted, failed atomic.Int64
-	var firstErr atomic.Value
+	var mu sync.Mutex
+	var res BurstResult
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for range goroutines {
@@ -53,20 +58,36 @@ func Burst(t testing.TB, l throttle.Limiter, key string, goroutines int) int {
 		go func() {
 			defer wg.Done()
 			<-start
+			began := time.Now()
 			d, err := l.AllowN(ctx, key, 1)
+			took := time.Since(began)
+			mu.Lock()
+			defer mu.Unlock()
+			res.Slowest = max(res.Slowest, took)
 			switch {
 			case err != nil:
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err.Error())
+				res.Failed++
+				if res.FirstErr == nil {
+					res.FirstErr = err
+				}
 			case d.Allowed:
-				admitted.Add(1)
+				res.Admitted++
 			}
 		}()
 	}
 	close(start)
 	wg.Wait()
-	if failed.Load() > 0 {
-		t.Fatalf("%d of %d calls failed, first: %v", failed.Load(), goroutines, firstErr.Load())
+	return res
+}
+
+// Burst is RunBurst that fails t on any error, and returns how many calls
+// were admitted.
+func Burst(t testing.TB, l throttle.Limiter, key string, goroutines int) int {
+	t.Helper()
+	res := RunBurst(l, key, goroutines)
+	if res.Failed > 0 {
+		t.Fatalf("%d of %d calls failed, first: %v", res.Failed, goroutines, res.FirstErr)
 	}
-	return int(admitted.Load())
+	t.Logf("%d calls, the slowest took %v", goroutines, res.Slowest)
+	return res.Admitted
 }
