@@ -36,7 +36,7 @@ func Spin(n int) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// BurstResult is what one Burst of calls came to.
+// BurstResult is what the calls of one RunBurst came to.
 type BurstResult struct {
 	Admitted, Failed int
 	FirstErr         error         // the first failure, nil without one
