@@ -11,7 +11,8 @@
 -- load returns the credit, ts and per stored at key, or nil when the key
 -- is missing. A hash {tokens, ts, per} (how earlier versions stored a
 -- bucket) is read as well; the next store replaces it. A key of another
--- type, or a string of another form, is an error (WRONGTYPE).
+-- type, or a string of another form (per below 1, or a field beyond
+-- 2^53), is an error (WRONGTYPE).
 local function load(key)
 	local v = redis.pcall("GET", key)
 	if type(v) == "table" then -- an error reply: not a string
@@ -22,17 +23,18 @@ local function load(key)
 		return nil
 	end
 	local c, t, p = string.match(v, "^(%-?%d+) (%d+) (%d+)$")
-	if not c then
+	local credit, ts, per = tonumber(c), tonumber(t), tonumber(p)
+	if not c or per < 1 or per > 9007199254740992 or ts > 9007199254740992 or math.abs(credit) > 9007199254740992 then
 		error({err = "WRONGTYPE the key holds a string that is not a token bucket"})
 	end
-	return tonumber(c), tonumber(t), tonumber(p)
+	return credit, ts, per
 end
 
 -- store writes the bucket at key, expiring in ttl ms (>= 1).
 local function store(key, credit, ts, per, ttl)
 	redis.call("SET", key, string.format("%d %d %d", credit, ts, per), "PX", string.format("%d", ttl))
 end
---
+
 -- convert returns credit, counted in the period sp (µs per token, the
 -- stored per; nil: the current one), counted in per instead: the
 -- same credit when the period is the same; otherwise its whole tokens
@@ -53,7 +55,6 @@ local function convert(credit, sp, per, cap)
 	end
 	return t * per
 end
-
 
 -- clock returns now, µs since the Unix epoch: arg (the client's clock)
 -- when it is given and not "", else the server's TIME.

@@ -144,13 +144,21 @@
 // Each key's bucket is one string "credit ts per" under prefix + "{" +
 // escaped key + "}" (default prefix "throttle:bucket:"): its credit in
 // integer units at ts, µs since the Unix epoch, and the period per it is
-// counted in (see Redis). A hash {tokens, ts, per}, as versions before
-// this one stored a bucket, is read as well and replaced at the next
-// write, so a rolling upgrade keeps every bucket. The key sits inside a
-// Redis Cluster hash tag, escaped so that no key can break out of the tag
-// or collide with another: "" becomes "%E"; '%', '{' and '}' become "%25",
-// "%7B" and "%7D"; a key longer than 256 bytes becomes "%H" + its hex
-// SHA-256. The key expires when the bucket would be full again.
+// counted in (see Redis).
+//
+// Upgrading: versions before this one stored a bucket as a hash {tokens,
+// ts, per}. Such a hash is read as well and replaced at the next write,
+// so the upgrade keeps every bucket (until then each read of a hash counts
+// in Redis's INFO errorstats as a WRONGTYPE reply, which the script
+// catches). An older process, though, fails with WRONGTYPE on a key a
+// newer one wrote: stop the older processes before starting newer ones,
+// or give the newer ones their own WithPrefix (their buckets start full).
+//
+// The key sits inside a Redis Cluster hash tag, escaped so that no key
+// can break out of the tag or collide with another: "" becomes "%E"; '%',
+// '{' and '}' become "%25", "%7B" and "%7D"; a key longer than 256 bytes
+// becomes "%H" + its hex SHA-256. The key expires when the bucket would be
+// full again.
 //
 // Redis Cluster: NewRedis and NewHybrid take a redis.Scripter, which
 // *redis.Client, *redis.ClusterClient and *redis.Ring all satisfy. Each

@@ -829,7 +829,7 @@ func TestHybridRequestErrorKeepsBreakerClosed(t *testing.T) {
 	c := redistest.Shared(t).Client(t)
 	h := newTestHybrid(t, c, throttle.PerSecond(100), 100)
 	ctx := context.Background()
-	require.NoError(t, c.Set(ctx, rediskey.Key(h.redis.prefix, "bad"), "not a hash", 0).Err())
+	require.NoError(t, c.RPush(ctx, rediskey.Key(h.redis.prefix, "bad"), "not a bucket").Err())
 	for range 2 * breakerTrip {
 		_, err := h.Allow(ctx, "bad")
 		require.Error(t, err)

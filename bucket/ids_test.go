@@ -38,7 +38,7 @@ func mustAllowID(t *testing.T, l throttle.IDLimiter, key, id string, n int, hori
 }
 
 // TestRedisIDKeysExpire checks the layout and the expiry of a key's ids set
-// beside its hash: the hash expires when the bucket is full again, counting
+// beside its bucket: the bucket expires when it is full again, counting
 // the debt of reservations; the ids set when its newest id is forgotten.
 func TestRedisIDKeysExpire(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)

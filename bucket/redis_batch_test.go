@@ -101,7 +101,7 @@ func TestPoisonKeyFailsAlone(t *testing.T) {
 	const burst = 3
 	l, client := newTestRedis(t, throttle.Rate{Count: 1, Per: time.Hour}, burst)
 	ctx := ctxT(t)
-	if err := client.Set(ctx, l.key("poison"), "not a hash", 0).Err(); err != nil {
+	if err := client.RPush(ctx, l.key("poison"), "not a bucket").Err(); err != nil {
 		t.Fatal(err)
 	}
 	keys := []string{"a", "poison", "b", "poison", "c"}

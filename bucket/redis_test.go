@@ -134,10 +134,15 @@ func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
 	if err := client.RPush(ctx, rediskey.Key(l.prefix, "list"), "x").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.Set(ctx, rediskey.Key(l.prefix, "text"), "not a bucket", 0).Err(); err != nil {
-		t.Fatal(err)
+	keys := []string{"list"}
+	for i, v := range []string{"not a bucket", "1 2", "1.5 2 3", "1 2 0", "-99999999999999999 2 3"} {
+		k := fmt.Sprint("text", i)
+		if err := client.Set(ctx, rediskey.Key(l.prefix, k), v, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
 	}
-	for _, k := range []string{"list", "text"} {
+	for _, k := range keys {
 		if d, err := l.AllowN(ctx, k, 1); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 			t.Fatalf("AllowN on a %s key = %+v, %v; want a WRONGTYPE error", k, d, err)
 		}
