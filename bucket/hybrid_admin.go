@@ -106,8 +106,12 @@ func (h *Hybrid) peekRedis(ctx context.Context, key string, lim *keyLimits) (int
 	return h.redis.peek(ctx, key, lim)
 }
 
-// peekFallback is fallback for Peek: the local share's Peek, or the error.
+// peekFallback is fallback for Peek: the local share's Peek, or the error
+// (always for an error about this request only, as fallback).
 func (h *Hybrid) peekFallback(ctx context.Context, key string, n int, err error) (throttle.Decision, error) {
+	if isRequestError(err) {
+		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: %w", err)
+	}
 	if h.share == nil {
 		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: redis unavailable: %w", err)
 	}

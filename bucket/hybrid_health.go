@@ -124,8 +124,14 @@ func shareQuotas(f throttle.QuotaFunc, instances int, safety float64) throttle.Q
 }
 
 // fallback decides when Redis could not: with the local share, or by
-// returning the error.
+// returning the error. An error reply about this request only (WRONGTYPE
+// on a key another program wrote) is returned as it is: Redis is up, and
+// the local share is for when it is not.
 func (h *Hybrid) fallback(ctx context.Context, key string, n int, err error) (throttle.Decision, error) {
+	if isRequestError(err) {
+		h.errorsN.Add(1)
+		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: %w", err)
+	}
 	if h.share == nil {
 		h.errorsN.Add(1)
 		return throttle.Decision{}, fmt.Errorf("bucket: hybrid: redis unavailable: %w", err)

@@ -842,6 +842,19 @@ func TestHybridRequestErrorKeepsBreakerClosed(t *testing.T) {
 	assert.Equal(t, throttle.SourceRedis, d.Source)
 	assert.False(t, isRequestError(errors.New("LOADING")))
 	assert.False(t, isRequestError(context.DeadlineExceeded))
+
+	// With a local share too: the share is for a Redis that is down, not
+	// for a key Redis refuses.
+	shared := newTestHybrid(t, c, throttle.PerSecond(100), 100, WithLocalShare(2, 0.9))
+	require.NoError(t, c.RPush(ctx, rediskey.Key(shared.redis.prefix, "bad"), "not a bucket").Err())
+	d, err = shared.Allow(ctx, "bad")
+	require.Error(t, err, "a WRONGTYPE key decided on the local share: %+v", d)
+	assert.Contains(t, err.Error(), "WRONGTYPE")
+	assert.NotContains(t, err.Error(), "unavailable")
+	_, err = shared.Peek(ctx, "bad", 1)
+	require.Error(t, err, "Peek of a WRONGTYPE key decided on the local share")
+	assert.Contains(t, err.Error(), "WRONGTYPE")
+	assert.Zero(t, shared.Stats().Degraded)
 }
 
 // TestHybridClosedBehindFailOpenGate: a Hybrid used after Close must not
