@@ -122,8 +122,9 @@ func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, l
 		// own: func(err error) bool { return asynqthrottle.IsFailure(err) && mine(err) }.)
 		IsFailure: asynqthrottle.IsFailure,
 		// A rejected task comes back after its retry-after (rounded up to
-		// asynq's whole seconds); genuine failures get asynq's backoff.
-		RetryDelayFunc:           asynqthrottle.RetryDelayFunc(nil),
+		// asynq's whole seconds); genuine failures get asynq's backoff,
+		// except a task recovered after its lease expired (see recovered).
+		RetryDelayFunc:           asynqthrottle.RetryDelayFunc(recovered),
 		DelayedTaskCheckInterval: asynqCheckInterval,
 		TaskCheckInterval:        asynqPollInterval,
 		ShutdownTimeout:          5 * time.Second,
@@ -304,4 +305,17 @@ func (a *asynqSide) deleteQueue(q string) {
 	if err != nil {
 		a.handlerErrs.add("delete the statistics of queue "+q, err)
 	}
+}
+
+// recovered is the worker's delay for genuine failures: asynq's backoff
+// (asynq.DefaultRetryDelayFunc: 15 s and more), except for a task that
+// asynq's recoverer found still active after its lease expired
+// (asynq.ErrLeaseExpired: the worker, or its Redis, went away while the
+// task ran; kill-redis). That is not the handler failing: it comes back
+// at once, not after the backoff on top of the recoverer's minute.
+func recovered(n int, err error, t *asynq.Task) time.Duration {
+	if errors.Is(err, asynq.ErrLeaseExpired) {
+		return 0
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
 }

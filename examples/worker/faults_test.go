@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 )
 
 func TestParseFaults(t *testing.T) {
@@ -197,5 +201,18 @@ func TestRunFaults(t *testing.T) {
 	}
 	if !rep.OK {
 		t.Error("report not ok")
+	}
+}
+
+// TestRecoveredComesBackAtOnce: a task asynq's recoverer found orphaned
+// (its lease expired: kill-redis) is retried at once; a handler's own
+// failure still gets asynq's backoff.
+func TestRecoveredComesBackAtOnce(t *testing.T) {
+	task := asynq.NewTask(taskType, nil)
+	if d := recovered(1, fmt.Errorf("recoverer: %w", asynq.ErrLeaseExpired), task); d != 0 {
+		t.Errorf("delay after a lease expired = %v, want 0", d)
+	}
+	if d := recovered(1, errors.New("handler failed"), task); d < 15*time.Second {
+		t.Errorf("delay after a handler failure = %v, want asynq's backoff (15 s or more)", d)
 	}
 }
