@@ -25,7 +25,10 @@
 // asynq.DefaultRetryDelayFunc). Without IsFailure in the Config, every
 // rejection counts as a failure and increments the retry count; without
 // RetryDelayFunc, a rejected task waits asynq's default backoff (15 s and
-// more) instead of its retry-after.
+// more) instead of its retry-after. A task asynq's recoverer finds with
+// its lease expired (asynq.ErrLeaseExpired: the worker or Redis went away
+// while it ran) reaches the fallback too; examples/worker passes one that
+// returns 0 for it, so that it runs again at once.
 //
 // # What happens to each task
 //
