@@ -65,7 +65,7 @@ func ExampleNewRedis() {
 		ContextTimeoutEnabled: true,
 	})
 	defer client.Close()
-	l, err := bucket.NewRedis(client, throttle.PerSecond(100), 20,
+	l, err := bucket.NewRedis(client, throttle.PerSecond(1), 20,
 		bucket.WithPrefix("myapp:bucket:"),
 		bucket.WithTimeout(250*time.Millisecond))
 	if err != nil {
@@ -82,10 +82,10 @@ func ExampleNewRedis() {
 		fmt.Println("cannot decide:", err)
 		return
 	}
-	fmt.Println("allowed:", d.Allowed, "retry in about", d.RetryAfter.Round(50*time.Millisecond)) // 50 ms less the time since the first call
+	fmt.Println("allowed:", d.Allowed, "retry in about", d.RetryAfter.Round(time.Second)) // 5 s less the time since the first call
 	// Output:
 	// allowed: true
-	// allowed: false retry in about 50ms
+	// allowed: false retry in about 5s
 }
 
 // Reservations: with 2 per second and a burst of 2, messages c and d,

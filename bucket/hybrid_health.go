@@ -199,8 +199,10 @@ func (h *Hybrid) call(ctx context.Context, op int, key string, f func(context.Co
 }
 
 // unavailable are the prefixes of Redis error replies that say the server
-// cannot serve requests now, rather than that a request was wrong.
-var unavailable = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "NOREPLICAS", "MISCONF"}
+// cannot serve requests now (or not this client: authentication, ACLs),
+// rather than that a request was wrong.
+var unavailable = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "NOREPLICAS", "MISCONF",
+	"ERR max number of clients", "NOAUTH", "NOPERM", "WRONGPASS"}
 
 // isRequestError reports whether err is an error reply from a server that
 // is up, about this request only (such as WRONGTYPE on a key that some

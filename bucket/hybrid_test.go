@@ -842,6 +842,10 @@ func TestHybridRequestErrorKeepsBreakerClosed(t *testing.T) {
 	assert.Equal(t, throttle.SourceRedis, d.Source)
 	assert.False(t, isRequestError(errors.New("LOADING")))
 	assert.False(t, isRequestError(context.DeadlineExceeded))
+	for _, reply := range []string{"LOADING Redis is loading", "ERR max number of clients reached", "NOAUTH Authentication required.", "NOPERM no permissions"} {
+		assert.False(t, isRequestError(replyError(reply)), "%q says Redis cannot serve this client", reply)
+	}
+	assert.True(t, isRequestError(replyError("WRONGTYPE Operation against a key holding the wrong kind of value")))
 
 	// With a local share too: the share is for a Redis that is down, not
 	// for a key Redis refuses.
@@ -875,3 +879,9 @@ func TestHybridClosedBehindFailOpenGate(t *testing.T) {
 	require.ErrorIs(t, err, throttle.ErrClosed)
 	require.ErrorIs(t, err, ErrHybridClosed)
 }
+
+// replyError is an error reply from Redis (go-redis's redis.Error).
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}

@@ -131,17 +131,11 @@ func TestRedisIDKeysExpire(t *testing.T) {
 func TestRedisIDLostReply(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	prefix := freshPrefix()
-	l, err := NewRedis(client, throttle.PerSecond(1), 3, WithPrefix(prefix), WithTimeout(100*time.Millisecond))
+	l, err := NewRedis(client, throttle.PerSecond(1), 3, WithPrefix(freshPrefix()), WithTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Warm with a patient twin (same keys, the tests' timeout): a loaded
-	// machine may not dial and load the scripts within 100 ms.
-	twin, err := NewRedis(client, throttle.PerSecond(1), 3, WithPrefix(prefix), WithTimeout(redistest.CallTimeout))
-	if err != nil {
-		t.Fatal(err)
-	}
+	twin := patient(t, client, l)
 	ctx := ctxT(t)
 	if _, err := twin.AllowN(ctx, "k", 1); err != nil { // connect, load the script
 		t.Fatal(err)

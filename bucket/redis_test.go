@@ -32,6 +32,19 @@ func newTestRedis(t *testing.T, r throttle.Rate, burst int, opts ...Option) (*Re
 	return l, client
 }
 
+// patient returns l's twin on client with the tests' generous timeout: the
+// same keys and scripts. A test whose limiter has a short timeout warms
+// with it (connection open, scripts loaded), which a loaded machine may
+// not do within the short one.
+func patient(t *testing.T, client redis.Scripter, l *Redis) *Redis {
+	t.Helper()
+	twin, err := NewRedis(client, l.rate, l.Burst(), WithPrefix(l.prefix), WithTimeout(redistest.CallTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return twin
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
@@ -426,13 +439,8 @@ func TestRedisTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Warm the pool and the script with a patient limiter on the same client:
-	// a loaded machine can take longer than 50 ms to dial and load a script.
-	patient, err := NewRedis(client, throttle.PerSecond(10), 5, WithTimeout(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := patient.AllowN(context.Background(), "warm", 1); err != nil {
+	twin := patient(t, client, l)
+	if _, err := twin.AllowN(context.Background(), "warm", 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Pause(); err != nil {
@@ -457,11 +465,11 @@ func TestRedisTimeout(t *testing.T) {
 			t.Fatalf("giveBack on a paused server took %v, want <= %v", took, slack)
 		}
 	}
-	// A caller's earlier deadline wins over the limiter's 5 s.
+	// A caller's earlier deadline wins over the twin's 2 s.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := patient.AllowN(ctx, "k", 1); err == nil {
+	if _, err := twin.AllowN(ctx, "k", 1); err == nil {
 		t.Fatal("no error")
 	}
 	if took := time.Since(start); took > slack {

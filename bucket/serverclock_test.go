@@ -77,6 +77,9 @@ func TestServerClockHoldsAcrossSkewedClients(t *testing.T) {
 	// Bound, so the refill the two see between two admissions can be that
 	// much longer than the true time between them.
 	slack := ls[0].server.Bound() + ls[1].server.Bound()
+	if slack > r.Per/2 {
+		t.Fatalf("error bounds %v and %v: too coarse to judge a refill of %v", ls[0].server.Bound(), ls[1].server.Bound(), r.Per)
+	}
 	worst := 0.0
 	for i := range as {
 		for j := i; j < len(as); j++ {

@@ -415,12 +415,9 @@ func TestRedisConcurrent(t *testing.T) {
 	t.Logf("%d admissions in 3s", len(adm))
 }
 
-// TestRedisStoreFailure checks that a stopped or hung Redis is an error
-// (bounded by ctx) and that the limiter recovers after a restart, whose
-// empty script cache it reloads.
 // TestRedisTimeout pauses a private server: with the default WithTimeout of
 // 50 ms (and a client with ContextTimeoutEnabled) a decision gives up in
-// about that time, not the client's 5 s ReadTimeout.
+// about that time, not the client's 3 s ReadTimeout.
 func TestRedisTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
@@ -447,6 +444,9 @@ func TestRedisTimeout(t *testing.T) {
 	}
 }
 
+// TestRedisStoreFailure checks that a stopped or hung Redis is an error
+// (bounded by ctx) and that the limiter recovers after a restart, whose
+// empty script cache it reloads.
 func TestRedisStoreFailure(t *testing.T) {
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})

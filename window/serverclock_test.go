@@ -123,6 +123,9 @@ func TestServerClockHoldsAcrossSkewedClients(t *testing.T) {
 			// lies within one of Per on the server's clock. Skewed clocks
 			// used as they are would put up to twice Count in it.
 			slack := ls[0].server.Bound() + ls[1].server.Bound()
+			if slack > tt.rate.Per/2 {
+				t.Fatalf("error bounds %v and %v: too coarse to judge a window of %v", ls[0].server.Bound(), ls[1].server.Bound(), tt.rate.Per)
+			}
 			got := certainMax(as, tt.rate.Per-slack)
 			off := ls[1].server.Offset() - ls[0].server.Offset()
 			t.Logf("%d admissions in %v; most certainly in one window of %v: %d (limit %d); estimated offsets differ by %v (10s expected), error bounds %v and %v",

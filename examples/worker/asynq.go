@@ -123,8 +123,8 @@ func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, l
 		IsFailure: asynqthrottle.IsFailure,
 		// A rejected task comes back after its retry-after (rounded up to
 		// asynq's whole seconds); genuine failures get asynq's backoff,
-		// except a task recovered after its lease expired (see recovered).
-		RetryDelayFunc:           asynqthrottle.RetryDelayFunc(recovered),
+		// except a task recovered after its lease expired (failureRetryDelay).
+		RetryDelayFunc:           asynqthrottle.RetryDelayFunc(failureRetryDelay),
 		DelayedTaskCheckInterval: asynqCheckInterval,
 		TaskCheckInterval:        asynqPollInterval,
 		ShutdownTimeout:          5 * time.Second,
@@ -307,13 +307,13 @@ func (a *asynqSide) deleteQueue(q string) {
 	}
 }
 
-// recovered is the worker's delay for genuine failures: asynq's backoff
+// failureRetryDelay is the worker's delay for genuine failures: asynq's backoff
 // (asynq.DefaultRetryDelayFunc: 15 s and more), except for a task that
 // asynq's recoverer found still active after its lease expired
 // (asynq.ErrLeaseExpired: the worker, or its Redis, went away while the
 // task ran; kill-redis). That is not the handler failing: it comes back
 // at once, not after the backoff on top of the recoverer's minute.
-func recovered(n int, err error, t *asynq.Task) time.Duration {
+func failureRetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	if errors.Is(err, asynq.ErrLeaseExpired) {
 		return 0
 	}

@@ -209,10 +209,10 @@ func TestRunFaults(t *testing.T) {
 // failure still gets asynq's backoff.
 func TestRecoveredComesBackAtOnce(t *testing.T) {
 	task := asynq.NewTask(taskType, nil)
-	if d := recovered(1, fmt.Errorf("recoverer: %w", asynq.ErrLeaseExpired), task); d != 0 {
+	if d := failureRetryDelay(1, fmt.Errorf("recoverer: %w", asynq.ErrLeaseExpired), task); d != 0 {
 		t.Errorf("delay after a lease expired = %v, want 0", d)
 	}
-	if d := recovered(1, errors.New("handler failed"), task); d < 15*time.Second {
+	if d := failureRetryDelay(1, errors.New("handler failed"), task); d < 15*time.Second {
 		t.Errorf("delay after a handler failure = %v, want asynq's backoff (15 s or more)", d)
 	}
 }

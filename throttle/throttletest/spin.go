@@ -36,11 +36,13 @@ func Spin(n int) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// BurstResult is what the calls of one RunBurst came to.
+// BurstResult is what the calls of one RunBurst came to: Admitted calls
+// got d.Allowed, Failed ones an error, and the rest were rejected (the
+// three add up to the goroutines).
 type BurstResult struct {
 	Admitted, Failed int
 	FirstErr         error         // the first failure, nil without one
-	Slowest          time.Duration // the longest call
+	Slowest          time.Duration // the longest call, from its AllowN to its return
 }
 
 // RunBurst makes goroutines calls of l.AllowN(key, 1) at once, beside two
