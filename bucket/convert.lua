@@ -10,14 +10,20 @@
 
 -- load returns the credit, ts and per stored at key, or nil when the key
 -- is missing. A hash {tokens, ts, per} (how earlier versions stored a
--- bucket) is read as well; the next store replaces it. A key of another
--- type, or a string of another form (per below 1, or a field beyond
--- 2^53), is an error (WRONGTYPE).
+-- bucket; per may be missing, for the current period) is read as well;
+-- the next store replaces it. A key of another type, a hash without
+-- numeric tokens and ts, or a string of another form (per below 1, or a
+-- field beyond 2^53) is an error (WRONGTYPE): never read as a full bucket,
+-- and never overwritten.
 local function load(key)
 	local v = redis.pcall("GET", key)
 	if type(v) == "table" then -- an error reply: not a string
 		local st = redis.call("HMGET", key, "tokens", "ts", "per")
-		return tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+		local credit, ts, per = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+		if not credit or not ts or (st[3] and not per) or (per and per < 1) then
+			error({err = "WRONGTYPE the key holds a hash that is not a token bucket"})
+		end
+		return credit, ts, per
 	end
 	if not v then
 		return nil
@@ -67,8 +73,8 @@ local function clock(arg)
 end
 
 -- refill reads the bucket at key at now and returns its credit (counted
--- in per: convert) and the instant it is read at. A missing bucket (or a
--- partial hash) is full at now. Else the credit grows by count per µs
+-- in per: convert) and the instant it is read at. A missing bucket is full
+-- at now. Else the credit grows by count per µs
 -- since the stored ts, up to cap; a now before ts counts as no time
 -- passing, and the instant is ts (stored time never moves backwards).
 local function refill(key, per, count, cap, now)
@@ -90,8 +96,8 @@ end
 
 -- giveBack returns n tokens to the bucket at key (its credit counted in
 -- per: convert), up to cap, without moving its ts, and returns the credit
--- stored after (cap when full). A missing bucket (or a partial hash) is
--- full and stays missing. Its expiry moves to the instant the bucket is
+-- stored after (cap when full). A missing bucket is full and stays
+-- missing. Its expiry moves to the instant the bucket is
 -- full again, at ts + ceil((cap - credit) / count); it is deleted if that
 -- is not after now (or ts, when now is before it).
 local function giveBack(key, per, count, cap, n, now)

@@ -153,6 +153,9 @@
 // catches). An older process, though, fails with WRONGTYPE on a key a
 // newer one wrote: stop the older processes before starting newer ones,
 // or give the newer ones their own WithPrefix (their buckets start full).
+// A key of another type, or a hash or string not of these forms (another
+// program's key under the prefix), is a WRONGTYPE error: never read as a
+// full bucket, never overwritten.
 //
 // The key sits inside a Redis Cluster hash tag, escaped so that no key
 // can break out of the tag or collide with another: "" becomes "%E"; '%',

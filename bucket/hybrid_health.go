@@ -178,6 +178,9 @@ func (h *Hybrid) call(ctx context.Context, op int, key string, f func(context.Co
 	if ran {
 		h.redisDuration.Record(ctx, time.Since(start).Seconds(), h.durationOpts[op]...)
 	}
+	if errors.Is(err, gobreaker.ErrTooManyRequests) { // gobreaker's "too many requests" reads like a rejection
+		err = fmt.Errorf("circuit breaker half-open, its probe in flight: %w", err)
+	}
 	switch {
 	case err == nil || isRequestError(err):
 		if hl.down.Load() {

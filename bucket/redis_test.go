@@ -112,9 +112,9 @@ func TestRedisKeyLayout(t *testing.T) {
 
 // TestRedisReadsHashOfEarlierVersion: a bucket stored as a hash {tokens,
 // ts, per}, as versions before the string layout wrote it, keeps its
-// tokens (a rolling upgrade loses nothing) and becomes a string at the
-// next write; a key of another type, or a string that is not a bucket,
-// is an error, never a full bucket.
+// tokens (an upgrade loses nothing) and becomes a string at the
+// next write; a key of another type, or a hash or string that is not a
+// bucket, is an error, never a full bucket (nor overwritten).
 func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
 	l, client := newTestRedis(t, throttle.PerSecond(1), 5, WithClock(clock))
@@ -143,11 +143,27 @@ func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
 	if d, err := l.AllowN(ctx, "old2", 1); err != nil || d.Allowed {
 		t.Fatalf("AllowN on an empty hash bucket = %+v, %v; want rejected", d, err)
 	}
+	// Without per (the oldest layout): counted in the current period.
+	if err := client.HSet(ctx, rediskey.Key(l.prefix, "old3"), "tokens", 1_000_000, "ts", t0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		if d, err := l.AllowN(ctx, "old3", 1); err != nil || d.Allowed != want {
+			t.Fatalf("AllowN #%d on a hash without per = %+v, %v; want allowed %v (1 token left)", i+1, d, err, want)
+		}
+	}
 
 	if err := client.RPush(ctx, rediskey.Key(l.prefix, "list"), "x").Err(); err != nil {
 		t.Fatal(err)
 	}
 	keys := []string{"list"}
+	for i, fields := range [][]any{{"tokens", "abc", "ts", "x"}, {"name", "alice"}, {"tokens", 1, "ts", t0, "per", 0}} {
+		k := fmt.Sprint("hash", i)
+		if err := client.HSet(ctx, rediskey.Key(l.prefix, k), fields...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
 	for i, v := range []string{"not a bucket", "1 2", "1.5 2 3", "1 2 0", "-99999999999999999 2 3"} {
 		k := fmt.Sprint("text", i)
 		if err := client.Set(ctx, rediskey.Key(l.prefix, k), v, 0).Err(); err != nil {
@@ -158,6 +174,9 @@ func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
 	for _, k := range keys {
 		if d, err := l.AllowN(ctx, k, 1); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 			t.Fatalf("AllowN on a %s key = %+v, %v; want a WRONGTYPE error", k, d, err)
+		}
+		if typ := client.Type(ctx, rediskey.Key(l.prefix, k)).Val(); typ == "string" && !strings.HasPrefix(k, "text") {
+			t.Fatalf("key %s was overwritten with a string", k)
 		}
 	}
 }
