@@ -169,6 +169,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // config is what the flags set.
@@ -246,6 +248,7 @@ func main() {
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")
 	flag.Usage = usage
 	flag.Parse()
+	redis.SetLogger(newRedisLog(os.Stderr, time.Second))
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "worker: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
