@@ -106,7 +106,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 		// joint.lua's reserved mark says that reservations lie ahead: the
 		// earliest gap may come before the tail. Nothing was written, so
 		// Peek sees the same log.
-		if ahead := d.Reserved; ahead {
+		if d.Reserved {
 			d.Reserved = false
 			if p, err := ws[i].Peek(ctx, keys[i], n); err == nil {
 				d.RetryAfter = max(p.RetryAfter, time.Millisecond)

@@ -28,12 +28,13 @@
 -- window's expiry extended (PEXPIRE NX and GT, as window.lua) and, with a
 -- client clock, its floor set.
 --
--- Returns, per window, three integers as window.lua's replies: code =
--- remaining + 1 when it fits, else -(remaining + 1); retry_us, negated
--- when ahead; reset_us. remaining = limit - units after the request (when it fits) or now;
--- retry_us, when it does not fit, the time until the k-th oldest unit
--- leaves (the tail of the schedule); ahead = reservations lie ahead of
--- now, so a gap before the tail may be earlier (the caller asks Peek).
+-- Returns, per window, three integers as window.lua's replies (putReply
+-- in units.lua): code = remaining + 1 when it fits, else -(remaining +
+-- 1); retry_us, negated when ahead; reset_us. remaining = limit - units
+-- after the request (when it fits) or now; retry_us, when it does not
+-- fit, the time until the k-th oldest unit leaves (the tail of the
+-- schedule); ahead = reservations lie ahead of now, so a gap before the
+-- tail may be earlier (the caller asks Peek).
 
 local n = tonumber(ARGV[1])
 local base = ARGV[2]
@@ -111,9 +112,9 @@ for i = 1, parts do
 	local r = 3 * (i - 1)
 	if paused then
 		all = false
-		res[r + 1], res[r + 2], res[r + 3] = -1, pausedUntil - now, math.max(top, pausedUntil) + nominal - now
+		putReply(res, r, false, 0, pausedUntil - now, math.max(top, pausedUntil) + nominal - now, false)
 	elseif fits then
-		res[r + 1], res[r + 2], res[r + 3] = math.max(limit - count - n, 0) + 1, 0, nominal
+		putReply(res, r, true, limit - count - n, 0, nominal, false)
 	else
 		all = false
 		local k = count + n - limit
@@ -122,11 +123,8 @@ for i = 1, parts do
 		if s then
 			tail = tonumber(s)
 		end
-		local retry = math.max(tail + window - now, 1)
-		if top > now then
-			retry = -retry -- ahead
-		end
-		res[r + 1], res[r + 2], res[r + 3] = -(math.max(limit - count, 0) + 1), retry, top + nominal - now
+		local ahead = top > now
+		putReply(res, r, false, limit - count, math.max(tail + window - now, 1), top + nominal - now, ahead)
 	end
 	if fits and top > now then
 		res[r + 3] = top + nominal - now

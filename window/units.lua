@@ -19,6 +19,21 @@ local function unitName(prefix, i, n, base)
 	return base .. ":" .. num
 end
 
+-- putReply writes one decision at out[at + 1 .. at + 3] as the scripts
+-- reply it (see window.lua): code = remaining + 1 (remaining at least 0),
+-- negated when not admitted; retry_us, negated when reserved (or, in
+-- joint.lua, when reservations lie ahead); reset_us.
+local function putReply(out, at, admitted, remaining, retry, reset, reserved)
+	local code = math.max(remaining, 0) + 1
+	if not admitted then
+		code = -code
+	end
+	if reserved then
+		retry = -retry
+	end
+	out[at + 1], out[at + 2], out[at + 3] = code, retry, reset
+end
+
 -- excl is the exclusive score bound "(x" (string.format keeps every digit,
 -- where concatenation would print a µs instant in %.14g).
 local function excl(x)

@@ -190,7 +190,7 @@ local function decideKey(s, a, g)
 		end
 		for _ = first, last, 3 do -- one reply per request
 			local j = #out
-			out[j + 1], out[j + 2], out[j + 3] = -1, left, reset
+			putReply(out, j, false, 0, left, reset, false)
 		end
 		return
 	end
@@ -287,7 +287,7 @@ local function decideKey(s, a, g)
 						end
 					end
 					held = held + n
-					out[o + 1], out[o + 2], out[o + 3] = limit - held + 1, 0, reset
+					putReply(out, o, true, limit - held, 0, reset, false)
 					o = o + 3
 				end
 				if not probe then
@@ -721,14 +721,7 @@ local function decideKey(s, a, g)
 				stored, rejected = nil, nil
 			end
 		end
-		local code, retry = math.max(reply[2], 0) + 1, reply[3]
-		if reply[1] ~= 1 then
-			code = -code
-		end
-		if reply[5] == 1 then
-			retry = -retry
-		end
-		out[at + 1], out[at + 2], out[at + 3] = code, retry, reply[4]
+		putReply(out, at, reply[1] == 1, reply[2], reply[3], reply[4], reply[5] == 1)
 	end
 	write()
 end

@@ -57,8 +57,9 @@
 // the same jobs: tasks of type "job" (payload the job, trace context in the
 // headers, MaxRetry 2) on queues of their own for the run (one per
 // tenant, up to 16), gated by a limiter of their own with asynqthrottle
-// (IsFailure, RetryDelayFunc, WithClient). The summary covers both consumers, and the check also
-// requires that no task was archived; the queues are deleted at the end.
+// (IsFailure, RetryDelayFunc, WithClient). The summary covers both
+// consumers, and the check also requires that no task was archived; the
+// queues are deleted at the end.
 // asynq keeps retry times in whole seconds, so the asynq side finishes
 // later (the default trace: about 12 s instead of 8); raise -timeout for
 // traces with slow limits.

@@ -595,9 +595,6 @@ func (rep report) printTable(w io.Writer, heading string) {
 	}
 	tw.Flush()
 	if lines := rep.timeline.sparklines(); len(lines) > 0 {
-		// The bins place each admission at the middle of the round trip it
-		// was decided in, so a second may show one or two over the limit
-		// while the exact count (the column above) shows none.
 		fmt.Fprintln(w, "admissions per second over the run (one character a second; a full block is the limit;")
 		fmt.Fprintln(w, "each admission at the middle of its decision's round trip, so a second may show a little over: the max in any window above is the exact count):")
 		for _, l := range lines {
