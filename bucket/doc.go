@@ -141,21 +141,23 @@
 //
 // # Redis
 //
-// Each key's bucket is one string "credit ts per" under prefix + "{" +
-// escaped key + "}" (default prefix "throttle:bucket:"): its credit in
-// integer units at ts, µs since the Unix epoch, and the period per it is
-// counted in (see Redis).
+// Each key's bucket is one string of 25 bytes under prefix + "{" +
+// escaped key + "}" (default prefix "throttle:bucket:"): the byte 1, then
+// its credit in integer units at ts, ts in µs since the Unix epoch, and
+// the period per it is counted in, as little-endian doubles (exact up to
+// 2^53; see Redis). Binary because Lua's struct reads and writes it at a
+// fraction of the cost of parsing and formatting text.
 //
-// Upgrading: versions before this one stored a bucket as a hash {tokens,
-// ts, per}. Such a hash is read as well and replaced at the next write,
-// so the upgrade keeps every bucket (until then each read of a hash counts
-// in Redis's INFO errorstats as a WRONGTYPE reply, which the script
-// catches). An older process, though, fails with WRONGTYPE on a key a
-// newer one wrote: stop the older processes before starting newer ones,
-// or give the newer ones their own WithPrefix (their buckets start full).
-// A key of another type, or a hash or string not of these forms (another
-// program's key under the prefix), is a WRONGTYPE error: never read as a
-// full bucket, never overwritten.
+// Upgrading: earlier versions stored a bucket as the text "credit ts per"
+// or, before that, as a hash {tokens, ts, per}. Both are read and
+// replaced at the next write, so the upgrade keeps every bucket (until
+// then each read of a hash counts in Redis's INFO errorstats as a
+// WRONGTYPE reply, which the script catches). An older process, though,
+// fails with WRONGTYPE on a key a newer one wrote: stop the older
+// processes before starting newer ones, or give the newer ones their own
+// WithPrefix (their buckets start full). A key of another type, or a hash
+// or string not of these forms (another program's key under the prefix),
+// is a WRONGTYPE error: never read as a full bucket, never overwritten.
 //
 // The key sits inside a Redis Cluster hash tag, escaped so that no key
 // can break out of the tag or collide with another: "" becomes "%E"; '%',

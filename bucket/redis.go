@@ -45,9 +45,10 @@ var (
 // tokens ahead of time, and idempotent ids, in a second script (see
 // AllowID).
 //
-// State is one string per key, "credit ts per", holding the bucket's
-// credit at ts in exact integers (a token is worth Per in µs, each µs adds
-// Count; see convert.lua), written with its expiry by one SET PX. The key
+// State is one string per key of 25 bytes (a version byte, then credit,
+// ts and per as little-endian doubles; see convert.lua), holding the
+// bucket's credit at ts in exact integers (a token is worth Per in µs,
+// each µs adds Count), written with its expiry by one SET PX. The key
 // expires when the bucket would be full again;
 // a missing key reads full. By default time is the Redis server's TIME at
 // microsecond precision, so every process shares one clock. With WithClock

@@ -3,9 +3,11 @@ package bucket
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -62,8 +64,9 @@ func TestRedisAccessors(t *testing.T) {
 	}
 }
 
-// storedBucket reads the bucket stored at key ("credit ts per", see
-// convert.lua); ok is false when the key is missing.
+// storedBucket reads the bucket stored at key (the byte 1, then credit,
+// ts and per as little-endian doubles: see convert.lua); ok is false when
+// the key is missing.
 func storedBucket(t testing.TB, client *redis.Client, key string) (credit, ts, per int64, ok bool) {
 	t.Helper()
 	v, err := client.Get(context.Background(), key).Result()
@@ -73,10 +76,26 @@ func storedBucket(t testing.TB, client *redis.Client, key string) (credit, ts, p
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fmt.Sscanf(v, "%d %d %d", &credit, &ts, &per); err != nil {
-		t.Fatalf("bucket at %q = %q: %v", key, v, err)
+	if len(v) != 25 || v[0] != 1 {
+		t.Fatalf("bucket at %q = %q: not 25 bytes starting with 1", key, v)
 	}
-	return credit, ts, per, true
+	field := func(i int) int64 {
+		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[1+8*i:])))
+		if f != math.Trunc(f) {
+			t.Fatalf("bucket at %q: field %d = %v, not an integer", key, i, f)
+		}
+		return int64(f)
+	}
+	return field(0), field(1), field(2), true
+}
+
+// packedBucket is a bucket's string as convert.lua stores it.
+func packedBucket(credit, ts, per float64) string {
+	b := []byte{1}
+	for _, f := range []float64{credit, ts, per} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+	}
+	return string(b)
 }
 
 // TestRedisKeyLayout checks the bucket under its escaped, hash-tagged key.
@@ -97,9 +116,8 @@ func TestRedisKeyLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := l.prefix + tagged
-		got, err := client.Get(ctx, key).Result()
-		if want := "2000000 1767323045000000 1000000"; err != nil || got != want {
-			t.Fatalf("key %.40q: GET %q = %q, %v; want %q (credit ts per)", id, key, got, err, want)
+		if credit, ts, per, ok := storedBucket(t, client, key); !ok || credit != 2_000_000 || ts != throttletest.T0.UnixMicro() || per != 1_000_000 {
+			t.Fatalf("key %.40q: bucket at %q = %d %d %d (stored %v); want 2000000 %d 1000000", id, key, credit, ts, per, ok, throttletest.T0.UnixMicro())
 		}
 		// The hash tag is everything between the first '{' and the next '}'.
 		tag := key[strings.IndexByte(key, '{')+1:]
@@ -110,12 +128,13 @@ func TestRedisKeyLayout(t *testing.T) {
 	}
 }
 
-// TestRedisReadsHashOfEarlierVersion: a bucket stored as a hash {tokens,
-// ts, per}, as versions before the string layout wrote it, keeps its
-// tokens (an upgrade loses nothing) and becomes a string at the
-// next write; a key of another type, or a hash or string that is not a
-// bucket, is an error, never a full bucket (nor overwritten).
-func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
+// TestRedisReadsEarlierLayouts: a bucket stored as a hash {tokens, ts,
+// per} or as the text "credit ts per", as earlier versions wrote it,
+// keeps its tokens (an upgrade loses nothing) and becomes the binary
+// string at the next write; a key of another type, or a hash or string
+// that is not a bucket, is an error, never a full bucket (nor
+// overwritten).
+func TestRedisReadsEarlierLayouts(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
 	l, client := newTestRedis(t, throttle.PerSecond(1), 5, WithClock(clock))
 	ctx := ctxT(t)
@@ -135,6 +154,18 @@ func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
 		if d, err := l.AllowN(ctx, "old", 1); err != nil || d.Allowed != want {
 			t.Fatalf("AllowN #%d = %+v, %v; want allowed %v (2 tokens were left)", i+1, d, err, want)
 		}
+	}
+
+	// The text layout: 3 tokens of 5 left.
+	textKey := rediskey.Key(l.prefix, "text-layout")
+	if err := client.Set(ctx, textKey, fmt.Sprintf("3000000 %d 1000000", t0), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.AllowN(ctx, "text-layout", 1); err != nil || !d.Allowed || d.Remaining != 2 {
+		t.Fatalf("AllowN on a text bucket with 3 tokens = %+v, %v; want admitted, 2 left", d, err)
+	}
+	if credit, ts, per, ok := storedBucket(t, client, textKey); !ok || credit != 2_000_000 || ts != t0 || per != 1_000_000 {
+		t.Fatalf("after AllowN on a text bucket: credit %d ts %d per %d (stored %v); want 2000000 %d 1000000", credit, ts, per, ok, t0)
 	}
 
 	if err := client.HSet(ctx, rediskey.Key(l.prefix, "old2"), "tokens", 0, "ts", t0, "per", 1_000_000).Err(); err != nil {
@@ -164,7 +195,10 @@ func TestRedisReadsHashOfEarlierVersion(t *testing.T) {
 		}
 		keys = append(keys, k)
 	}
-	for i, v := range []string{"not a bucket", "1 2", "1.5 2 3", "1 2 0", "-99999999999999999 2 3"} {
+	for i, v := range []string{"not a bucket", "1 2", "1.5 2 3", "1 2 0", "-99999999999999999 2 3",
+		packedBucket(1, float64(t0), 0), packedBucket(math.NaN(), float64(t0), 1), packedBucket(1.5, float64(t0), 1),
+		packedBucket(1, -1, 1), packedBucket(1, float64(t0), math.Inf(1)), packedBucket(1e17, float64(t0), 1),
+		"\x02" + packedBucket(1, float64(t0), 1)[1:]} {
 		k := fmt.Sprint("text", i)
 		if err := client.Set(ctx, rediskey.Key(l.prefix, k), v, 0).Err(); err != nil {
 			t.Fatal(err)
