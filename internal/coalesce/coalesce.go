@@ -84,6 +84,10 @@ func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 	c := &Call[Req, Res]{Req: req, done: make(chan struct{})}
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
+	if ctx.Done() == nil { // nothing can end the wait but the flush: no select
+		<-c.done
+		return c.Res, c.Err
+	}
 	select {
 	case <-c.done:
 		return c.Res, c.Err
@@ -109,7 +113,7 @@ func (b *Batcher[Req, Res]) InFlight() int {
 // what queued meanwhile, on a goroutine of its own, or is freed.
 func (b *Batcher[Req, Res]) next() {
 	b.mu.Lock()
-	batch := b.take()
+	batch := b.take(nil)
 	if batch == nil {
 		b.inFlight--
 	}
@@ -125,6 +129,7 @@ func (b *Batcher[Req, Res]) next() {
 // order (as a lone call and a batch always could), each still decided
 // exactly in one script call.
 func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
+	buf := batch // reused: many keeps no reference to a batch once it returns
 	for batch != nil {
 		ctx, cancel := b.deadline.Bound(context.Background())
 		b.many(ctx, batch)
@@ -142,22 +147,23 @@ func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
 			runtime.Gosched()
 			b.mu.Lock()
 		}
-		if batch = b.take(); batch == nil {
+		if batch = b.take(buf[:0]); batch == nil {
 			b.inFlight--
+		} else {
+			buf = batch
 		}
 		b.mu.Unlock()
 	}
 }
 
-// take removes up to maxBatch calls from the queue, oldest first (nil if
-// it is empty). b.mu is held.
-func (b *Batcher[Req, Res]) take() []*Call[Req, Res] {
+// take removes up to maxBatch calls from the queue, oldest first, and
+// appends them to buf (nil if the queue is empty). b.mu is held.
+func (b *Batcher[Req, Res]) take(buf []*Call[Req, Res]) []*Call[Req, Res] {
 	if len(b.queue) == 0 {
 		return nil
 	}
 	k := min(len(b.queue), b.maxBatch)
-	batch := make([]*Call[Req, Res], k)
-	copy(batch, b.queue)
+	batch := append(buf, b.queue[:k]...)
 	for _, c := range batch {
 		c.taken = true
 	}
@@ -206,7 +212,14 @@ func Distinct[Req, Res any, K comparable](groups [][]*Call[Req, Res], key func(R
 // with its quota), keeping arrival order within each group, and groups in
 // the order their first call arrived.
 func Group[Req, Res any, K comparable](calls []*Call[Req, Res], id func(Req) K) [][]*Call[Req, Res] {
-	if len(calls) == 1 {
+	first, same := id(calls[0].Req), true
+	for _, c := range calls[1:] {
+		if id(c.Req) != first {
+			same = false
+			break
+		}
+	}
+	if same { // one hot key: no map
 		return [][]*Call[Req, Res]{calls}
 	}
 	index := make(map[K]int, len(calls))
