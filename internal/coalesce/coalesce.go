@@ -51,7 +51,8 @@ const MaxInFlight = 2
 
 // New returns a Batcher. one decides a lone request; many decides a batch,
 // filling in the Res or Err of each Call, in the order given (arrival
-// order). Each flush of a batch runs under its own context with a
+// order), and keeps no reference to the slice once it returns (the
+// flusher reuses it). Each flush of a batch runs under its own context with a
 // deadline of timeout, so that no caller's context (canceled, or with a
 // short deadline) fails the requests of others; a lone request runs
 // under its caller's context, bounded by timeout. A batch holds at most
