@@ -50,6 +50,15 @@ func BenchmarkLocalQuotas(b *testing.B) {
 // formatting them is not measured: a new id per call, as every message
 // brings its own (at benchRate with a burst of 1000, an id is remembered
 // for 1 µs, so the ids of a key stay few).
+// benchKeys are the keys of the many-keys benchmarks.
+var benchKeys = func() []string {
+	k := make([]string, 1024)
+	for i := range k {
+		k[i] = "user-" + strconv.Itoa(i)
+	}
+	return k
+}()
+
 var benchIDs = func() []string {
 	ids := make([]string, 1<<16)
 	for i := range ids {
@@ -97,6 +106,39 @@ func BenchmarkRedisBucket(b *testing.B) {
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
 		_, err := l.AllowN(ctx, "key", 1)
+		return err
+	})
+}
+
+// BenchmarkRedisBucketBatch decides AllowBatch's batches over 1,024 keys:
+// compare its ns/decision with BenchmarkRedisBucketKeys/parallel.
+func BenchmarkRedisBucketBatch(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, size := range []int{16, 64} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			benchtest.Batches(b, benchKeys, size, func(reqs []throttle.Request) error {
+				_, err := l.AllowBatch(ctx, reqs)
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkRedisBucketKeys is BenchmarkRedisBucket over 1,024 keys.
+func BenchmarkRedisBucketKeys(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
+		_, err := l.AllowN(ctx, benchKeys[i%len(benchKeys)], 1)
 		return err
 	})
 }

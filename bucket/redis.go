@@ -187,15 +187,21 @@ func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decisio
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)
 	}
-	granted, credit, paused, err := l.take(ctx, key, lim, n, n)
+	t, err := l.batch.Do(ctx, l.takeReq(key, lim, n, n))
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	d := lim.p.decision(granted > 0, n, credit, lim.limit, throttle.SourceRedis)
-	if paused > 0 {
-		d = pause.Decision(d, micros(paused))
+	return allowDecision(lim, n, t), nil
+}
+
+// allowDecision is AllowN's Decision for a request of cost n under lim
+// that bucket.lua answered with t.
+func allowDecision(lim *keyLimits, n int, t taken) throttle.Decision {
+	d := lim.p.decision(t.granted > 0, n, t.credit, lim.limit, throttle.SourceRedis)
+	if t.paused > 0 {
+		d = pause.Decision(d, micros(t.paused))
 	}
-	return d, nil
+	return d
 }
 
 // grant is the result of a lease call.
@@ -227,10 +233,11 @@ func (l *Redis) lease(ctx context.Context, key string, lim *keyLimits, min, max 
 		return grant{}, fmt.Errorf("%w: lease max=%d is below min=%d", throttle.ErrInvalidCost, max, min)
 	}
 	max = minInt(max, p.burst)
-	granted, credit, paused, err := l.take(ctx, key, lim, min, max)
+	t, err := l.batch.Do(ctx, l.takeReq(key, lim, min, max))
 	if err != nil {
 		return grant{}, err
 	}
+	granted, credit, paused := t.granted, t.credit, t.paused
 	g := grant{
 		lim:        lim,
 		granted:    granted,

@@ -12,6 +12,7 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/internal/redisscript"
+	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 // takeScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
@@ -49,13 +50,50 @@ var (
 	pauseSuffix = []byte(pause.Suffix) // for rediskey.KeyAnd
 )
 
-// take takes tokens of key's bucket (see takeReq), coalesced with the
-// calls of other goroutines: the requests queued behind a flush in flight
-// go together (package internal/coalesce; see takeMany).
-func (l *Redis) take(ctx context.Context, key string, lim *keyLimits, min, max int) (int, int64, int64, error) {
+// takeReq is the request that takes min to max tokens of key's bucket
+// under lim. l.batch.Do coalesces it with the calls of other goroutines:
+// the requests queued behind a flush in flight go together (package
+// internal/coalesce; see takeMany).
+func (l *Redis) takeReq(key string, lim *keyLimits, min, max int) takeReq {
 	k, p := rediskey.KeyAnd(l.prefix, key, pauseSuffix)
-	t, err := l.batch.Do(ctx, takeReq{key: k, pause: p, lim: lim, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max})
-	return t.granted, t.credit, t.paused, err
+	return takeReq{key: k, pause: p, lim: lim, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}
+}
+
+// AllowBatch decides reqs as AllowN would, one after another in order,
+// on the caller's goroutine (throttle.BatchLimiter): in one script call
+// per 256 requests on a *redis.Client (one call per key on a cluster,
+// pipelined), whose requests are all decided at one instant. A key present
+// several times sees its earlier requests, as with AllowN calls made one
+// after another.
+//
+// Errors: one naming the request (reqs[i]) for a request AllowN refuses
+// before any Redis call (wrapping throttle.ErrInvalidCost, or
+// throttle.ErrInvalidOption for an invalid quota), and then nothing is
+// decided; else a *throttle.BatchError when some requests could not be
+// decided (Redis or context errors, wrapped as "bucket: redis: ..."; a key
+// of another type under the prefix fails only its own requests), their
+// Decisions zero and the others decided.
+func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]throttle.Decision, error) {
+	lims := make([]*keyLimits, len(reqs))
+	rs := make([]takeReq, len(reqs))
+	for i, q := range reqs {
+		lim, err := l.lims.of(q.Key)
+		if err == nil && (q.N < 1 || q.N > lim.p.burst) {
+			err = throttle.CheckCost(q.N, lim.p.burst)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bucket: reqs[%d]: %w", i, err)
+		}
+		lims[i], rs[i] = lim, l.takeReq(q.Key, lim, q.N, q.N)
+	}
+	ts, errs := l.batch.DoAll(ctx, rs)
+	ds := make([]throttle.Decision, len(reqs))
+	for i, t := range ts {
+		if errs == nil || errs[i] == nil {
+			ds[i] = allowDecision(lims[i], reqs[i].N, t)
+		}
+	}
+	return ds, throttle.NewBatchError(errs)
 }
 
 // takeOne decides a lone request: one script call.

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
@@ -46,7 +45,7 @@ func TestBatchTakesAsOneByOne(t *testing.T) {
 				max += rng.IntN(6)
 			}
 			var err error
-			want[i].granted, want[i].credit, want[i].paused, err = l.take(ctx, "one-by-one "+key, l.lims.def, min, max)
+			want[i], err = l.batch.Do(ctx, l.takeReq("one-by-one "+key, l.lims.def, min, max))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -54,7 +53,7 @@ func TestBatchTakesAsOneByOne(t *testing.T) {
 			if want[i].paused > 0 {
 				paused++
 			}
-			calls[i] = &takeCall{Req: takeReq{key: l.key("batched " + key), pause: l.key("batched "+key) + pause.Suffix, lim: l.lims.def, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}}
+			calls[i] = &takeCall{Req: l.takeReq("batched "+key, l.lims.def, min, max)}
 		}
 		l.takeMany(ctx, calls)
 		for i, c := range calls {
@@ -108,7 +107,7 @@ func TestPoisonKeyFailsAlone(t *testing.T) {
 	for round := range 5 {
 		calls := make([]*takeCall, len(keys))
 		for i, key := range keys {
-			calls[i] = &takeCall{Req: takeReq{key: l.key(key), pause: l.key(key) + pause.Suffix, lim: l.lims.def, argMin: l.arg(1), argMax: l.arg(1), min: 1, max: 1}}
+			calls[i] = &takeCall{Req: l.takeReq(key, l.lims.def, 1, 1)}
 		}
 		l.takeMany(ctx, calls)
 		for i, c := range calls {

@@ -62,6 +62,26 @@ func BenchmarkRedisWindow(b *testing.B) {
 	})
 }
 
+// BenchmarkRedisWindowBatch decides AllowBatch's batches over the
+// many-keys benchmark's keys: compare its ns/decision with
+// BenchmarkRedisWindow/many-keys/parallel.
+func BenchmarkRedisWindowBatch(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []int{16, 64} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			benchtest.Batches(b, benchKeys, size, func(reqs []throttle.Request) error {
+				_, err := l.AllowBatch(ctx, reqs)
+				return err
+			})
+		})
+	}
+}
+
 // pipelineWindow is the design the script replaces: MULTI of
 // ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE with millisecond scores from the
 // client clock, and a ZREM of the new member when the count was full.

@@ -78,6 +78,32 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	return d[0], err
 }
 
+// AllowBatch decides reqs as AllowN would, one after another in order,
+// on the caller's goroutine (throttle.BatchLimiter): in one script call
+// per 256 requests on a *redis.Client (one call per key on a cluster,
+// pipelined), whose requests are all decided at one instant. A key present
+// several times sees its earlier requests, as with AllowN calls made one
+// after another.
+//
+// Errors: one naming the request (reqs[i]) and wrapping
+// throttle.ErrInvalidCost for a cost AllowN refuses, before any Redis
+// call, and then nothing is decided; else a *throttle.BatchError when some
+// requests could not be decided (Redis or context errors, wrapped as
+// "window: redis: ..."; a key of another type under the prefix fails only
+// its own requests), their Decisions zero and the others decided.
+func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]throttle.Decision, error) {
+	rs := make([]request, len(reqs))
+	for i, q := range reqs {
+		r, err := l.request(q.Key, q.N, "", argAllowN)
+		if err != nil {
+			return nil, fmt.Errorf("window: reqs[%d]: %w", i, err)
+		}
+		rs[i] = r
+	}
+	ds, errs := l.batch.DoAll(ctx, rs)
+	return ds, throttle.NewBatchError(errs)
+}
+
 // many decides a batch: its requests grouped by key (and quota), in
 // arrival order within each key, in one script call or one per key (see
 // Redis.calls).

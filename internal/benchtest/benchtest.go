@@ -84,3 +84,28 @@ func Bursts(b *testing.B, l throttle.Limiter, key func(i int) string) {
 	b.ReportMetric(float64(admitted)/float64(i), "admitted/burst")
 	b.ReportMetric(float64(slowest)/float64(time.Millisecond), "slowest-ms")
 }
+
+// Batches benchmarks decide on batches of size requests of cost 1, over
+// keys in turn, from GOMAXPROCS goroutines: one op is one batch, and
+// "ns/decision" is its time per request, to compare with the parallel
+// case of SeqAndParallel (the same decisions, coalesced).
+func Batches(b *testing.B, keys []string, size int, decide func([]throttle.Request) error) {
+	b.Helper()
+	b.ReportAllocs()
+	var goroutines atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		k := int(goroutines.Add(1)) * 7919
+		reqs := make([]throttle.Request, size)
+		for pb.Next() {
+			for i := range reqs {
+				reqs[i] = throttle.Request{Key: keys[k%len(keys)], N: 1}
+				k++
+			}
+			if err := decide(reqs); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*size), "ns/decision")
+}

@@ -103,6 +103,37 @@ func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 	}
 }
 
+// DoAll decides reqs together on the caller's goroutine, not queued behind
+// other calls: in batches of at most maxBatch requests, in order, each
+// sent by many under ctx bounded by the timeout (as a lone call). It
+// returns each request's result and error (errs is nil when every
+// request was decided).
+func (b *Batcher[Req, Res]) DoAll(ctx context.Context, reqs []Req) (res []Res, errs []error) {
+	res = make([]Res, len(reqs))
+	calls := make([]Call[Req, Res], len(reqs))
+	batch := make([]*Call[Req, Res], 0, min(len(reqs), b.maxBatch))
+	for start := 0; start < len(reqs); start += b.maxBatch {
+		batch = batch[:0]
+		for i := start; i < min(start+b.maxBatch, len(reqs)); i++ {
+			calls[i].Req = reqs[i]
+			batch = append(batch, &calls[i])
+		}
+		bctx, cancel := b.deadline.Bound(ctx)
+		b.many(bctx, batch)
+		cancel()
+	}
+	for i := range calls {
+		res[i] = calls[i].Res
+		if calls[i].Err != nil {
+			if errs == nil {
+				errs = make([]error, len(reqs))
+			}
+			errs[i] = calls[i].Err
+		}
+	}
+	return res, errs
+}
+
 // InFlight returns how many flushes are in flight now.
 func (b *Batcher[Req, Res]) InFlight() int {
 	b.mu.Lock()

@@ -1,0 +1,79 @@
+package window
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+func TestRedisBatchConformance(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	throttletest.RunBatch(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle.BatchLimiter {
+		return newTestRedis(t, client, r, WithClock(c))
+	})
+}
+
+// TestBatchOneCall: a batch over many keys is one script call, and a key
+// of another type under the prefix fails only its own requests.
+func TestBatchOneCall(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Minute})
+	if err := client.Set(ctx, l.key("poison"), "not a sorted set", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []throttle.Request
+	for i := range 90 {
+		reqs = append(reqs, throttle.Request{Key: fmt.Sprint("k", i%30), N: 1})
+	}
+	if _, err := l.Allow(ctx, "warm"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	before := redistest.ScriptCalls(t, client)
+	ds, err := l.AllowBatch(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls := redistest.ScriptCalls(t, client) - before; calls != 1 {
+		t.Fatalf("a batch of 90 requests over 30 keys took %d script calls; want 1", calls)
+	}
+	for i, d := range ds {
+		if want := i < 60; d.Allowed != want || d.Source != throttle.SourceRedis {
+			t.Fatalf("reqs[%d] (%q, its %d. request): %+v; want allowed %v (2 per key)", i, reqs[i].Key, i/30+1, d, want)
+		}
+	}
+
+	reqs = []throttle.Request{{Key: "x", N: 1}, {Key: "poison", N: 1}, {Key: "y", N: 2}, {Key: "poison", N: 1}}
+	ds, err = l.AllowBatch(ctx, reqs)
+	be, failed := throttletest.BatchErrorOf(t, err)
+	if failed != "1,3" || !strings.Contains(be.Errs[1].Error(), "WRONGTYPE") || !strings.Contains(err.Error(), "2 of 4") {
+		t.Fatalf("batch with a foreign key: %v (failed %s); want reqs 1 and 3 failed with WRONGTYPE", err, failed)
+	}
+	if !ds[0].Allowed || !ds[2].Allowed || ds[1] != (throttle.Decision{}) {
+		t.Fatalf("batch with a foreign key: %+v; want x and y admitted, the foreign key's Decisions zero", ds)
+	}
+}
+
+// TestBatchCanceled: a batch under a canceled context decides nothing and
+// says so for every request.
+func TestBatchCanceled(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	l := newTestRedis(t, client, throttle.PerSecond(5))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := l.AllowBatch(ctx, []throttle.Request{{Key: "a", N: 1}, {Key: "b", N: 1}})
+	if _, failed := throttletest.BatchErrorOf(t, err); failed != "0,1" || !errors.Is(err, context.Canceled) {
+		t.Fatalf("AllowBatch under a canceled context: %v (failed %s); want both failed, context.Canceled", err, failed)
+	}
+	if d, err := l.AllowN(context.Background(), "a", 5); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(a, 5) after the canceled batch = %+v, %v; want admitted (nothing charged)", d, err)
+	}
+}
