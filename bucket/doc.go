@@ -196,7 +196,10 @@
 // does; nothing ran, so the flush is sent again key by key). WithTimeout bounds the round trip of a call or flush, not the
 // time queued behind it, which only the caller's context bounds; a caller
 // that leaves while queued is charged nothing. AllowID (bucket_id.lua) is
-// one script call per decision.
+// one script call per decision. [Redis.AllowBatch] (throttle.BatchLimiter)
+// decides a caller's many requests as AllowN one after another, on its own
+// goroutine, in one script call per 256 requests (per key on a cluster),
+// without the queue.
 //
 // # Timeouts
 //

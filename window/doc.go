@@ -124,6 +124,11 @@
 // time never moves backwards. The script uses PEXPIRE with NX and GT:
 // Redis 7.0 or newer.
 //
+// A caller that holds many requests at once decides them with
+// [Redis.AllowBatch] (throttle.BatchLimiter): as AllowN one after another,
+// on its own goroutine, in one script call per 256 requests (per key on a
+// cluster), without the queue.
+//
 // # Pause
 //
 // Pause(ctx, key, d) makes every decision for key a rejection for d

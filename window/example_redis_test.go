@@ -46,3 +46,35 @@ func ExampleNewRedis() {
 	// run the job; 0 more this second
 	// redeliver in at most 1s
 }
+
+// A consumer that holds many tenants' messages at once (a JetStream
+// Fetch) decides them in one call: as AllowN one after another, in one
+// script call.
+func ExampleRedis_AllowBatch() {
+	addr, stop := redistest.ForExample()
+	defer stop()
+
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	defer client.Close()
+
+	limiter, err := window.NewRedis(client, throttle.PerSecond(2), window.WithPrefix("jobs:window:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	reqs := []throttle.Request{
+		{Key: "acme", N: 1}, {Key: "initech", N: 1}, {Key: "acme", N: 1}, {Key: "acme", N: 1},
+	}
+	ds, err := limiter.AllowBatch(context.Background(), reqs)
+	if err != nil {
+		// A *throttle.BatchError: its Errs say which requests were not decided.
+		log.Printf("could not decide every request: %v", err)
+	}
+	for i, d := range ds {
+		fmt.Println(reqs[i].Key, d.Allowed, d.Remaining)
+	}
+	// Output:
+	// acme true 1
+	// initech true 1
+	// acme true 0
+	// acme false 0
+}
