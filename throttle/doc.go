@@ -47,4 +47,11 @@
 // a step per Per (a QuotaFunc for the limiter): fewer 429s from a partner
 // whose quota is below the configured limit, at some cost in throughput
 // (see TestAIMDHiddenQuota for figures).
+//
+// # Batches
+//
+// A limiter that implements [BatchLimiter] decides many requests in one
+// call, as AllowN one after another, for callers that hold them at once
+// (a JetStream Fetch of many tenants' messages). Its error is a
+// *[BatchError] when only some of them could not be decided.
 package throttle
