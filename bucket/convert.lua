@@ -14,14 +14,15 @@
 -- maxExact is 2^53: every integer up to it is exact in a double.
 local maxExact = 9007199254740992
 
--- bucketOf returns credit, ts and per, read from a string, if they form a
--- bucket (integers, |credit| and ts within 2^53, per in [1, 2^53]; NaN
--- fails every test), else raises WRONGTYPE.
-local function bucketOf(credit, ts, per)
-	if credit and ts and per and math.abs(credit) <= maxExact and credit == math.floor(credit) and ts >= 0 and ts <= maxExact and ts == math.floor(ts) and per >= 1 and per <= maxExact and per == math.floor(per) then
+-- bucketOf returns credit, ts and per if they form a bucket (integers,
+-- |credit| and ts within 2^53, per in [1, 2^53]; NaN fails every test;
+-- per may be nil, for a hash of the oldest layout), else raises WRONGTYPE
+-- naming what the key holds (form).
+local function bucketOf(credit, ts, per, form)
+	if credit and ts and math.abs(credit) <= maxExact and credit == math.floor(credit) and ts >= 0 and ts <= maxExact and ts == math.floor(ts) and (per == nil or (per >= 1 and per <= maxExact and per == math.floor(per))) then
 		return credit, ts, per
 	end
-	error({err = "WRONGTYPE the key holds a string that is not a token bucket"})
+	error({err = "WRONGTYPE the key holds a " .. form .. " that is not a token bucket"})
 end
 
 -- load returns the credit, ts and per stored at key, or nil when the key
@@ -35,21 +36,21 @@ local function load(key)
 	local v = redis.pcall("GET", key)
 	if type(v) == "string" and #v == 25 and string.byte(v) == 1 then
 		local credit, ts, per = struct.unpack("<ddd", v, 2)
-		return bucketOf(credit, ts, per)
+		return bucketOf(credit, ts, per, "string")
 	end
 	if not v then
 		return nil
 	end
 	if type(v) == "table" then -- an error reply: not a string
 		local st = redis.call("HMGET", key, "tokens", "ts", "per")
-		local credit, ts, per = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
-		if not credit or not ts or (st[3] and not per) or (per and per < 1) then
-			error({err = "WRONGTYPE the key holds a hash that is not a token bucket"})
+		local per = nil
+		if st[3] then
+			per = tonumber(st[3]) or -1 -- not a number: not a bucket
 		end
-		return credit, ts, per
+		return bucketOf(tonumber(st[1]), tonumber(st[2]), per, "hash")
 	end
 	local c, t, p = string.match(v, "^(%-?%d+) (%d+) (%d+)$")
-	return bucketOf(tonumber(c), tonumber(t), tonumber(p))
+	return bucketOf(tonumber(c), tonumber(t), tonumber(p), "string")
 end
 
 -- store writes the bucket at key, expiring in ttl ms (>= 1).
@@ -59,14 +60,15 @@ end
 
 -- convert returns credit, counted in the period sp (µs per token, the
 -- stored per; nil: the current one), counted in per instead: the
--- same credit when the period is the same; otherwise its whole tokens
--- (floor, so a partial debt counts as a whole token) within
--- [-floor((2^53 - cap) / per), cap / per] tokens, times per. A quota whose
--- period changed (WithQuotas, or a new Rate.Per) so keeps the bucket's
--- whole tokens. params.convert in quota.go is the twin.
+-- same credit when the period is the same, but a debt no deeper than
+-- 2^53 - cap (a quota with a larger burst allows a smaller debt);
+-- otherwise its whole tokens (floor, so a partial debt counts as a whole
+-- token) within [-floor((2^53 - cap) / per), cap / per] tokens, times per.
+-- A quota whose period changed (WithQuotas, or a new Rate.Per) so keeps
+-- the bucket's whole tokens. params.convert in quota.go is the twin.
 local function convert(credit, sp, per, cap)
 	if sp == nil or sp == per then
-		return credit
+		return math.max(credit, cap - maxExact)
 	end
 	local t = math.floor(credit / sp)
 	local lo = -math.floor((9007199254740992 - cap) / per)

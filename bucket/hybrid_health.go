@@ -212,6 +212,9 @@ var unavailable = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYA
 // other program wrote): it opens no breaker and puts no other key in the
 // degraded mode.
 func isRequestError(err error) bool {
+	if errors.Is(err, errReply) { // a reply about this request the client cannot use
+		return true
+	}
 	var re redis.Error
 	if err == nil || !errors.As(err, &re) {
 		return false

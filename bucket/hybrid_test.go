@@ -846,6 +846,7 @@ func TestHybridRequestErrorKeepsBreakerClosed(t *testing.T) {
 		assert.False(t, isRequestError(replyError(reply)), "%q says Redis cannot serve this client", reply)
 	}
 	assert.True(t, isRequestError(replyError("WRONGTYPE Operation against a key holding the wrong kind of value")))
+	assert.True(t, isRequestError(fmt.Errorf("%w: [0 -1]", errReply)), "a reply about one request opens no breaker")
 
 	// With a local share too: the share is for a Redis that is down, not
 	// for a key Redis refuses.

@@ -149,13 +149,14 @@ func (q *quotaSet) lookup(key string) (*keyLimits, error) {
 }
 
 // convert returns credit, held under from's params, in p's: the same
-// credit if the period is the same (refill clamps it to p's cap);
+// credit if the period is the same (refill clamps it to p's cap), but a
+// debt no deeper than p's maxDebt (a larger burst allows a smaller debt);
 // otherwise its whole tokens (floor, so a partial debt counts as a whole
 // token), within [-maxDebt/perUS, burst] tokens. bucket.lua and the other
 // scripts do the same.
 func (p *params) convert(credit int64, from *params) int64 {
 	if from == p || from.perUS == p.perUS {
-		return credit
+		return max(credit, -p.maxDebt)
 	}
 	tokens := credit / from.perUS
 	if credit%from.perUS < 0 {

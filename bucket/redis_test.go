@@ -10,6 +10,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,7 +189,9 @@ func TestRedisReadsEarlierLayouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := []string{"list"}
-	for i, fields := range [][]any{{"tokens", "abc", "ts", "x"}, {"name", "alice"}, {"tokens", 1, "ts", t0, "per", 0}} {
+	for i, fields := range [][]any{{"tokens", "abc", "ts", "x"}, {"name", "alice"}, {"tokens", 1, "ts", t0, "per", 0},
+		{"tokens", 2_500_000.5, "ts", t0, "per", 1_000_000}, {"tokens", "inf", "ts", t0}, {"tokens", 1e300, "ts", t0},
+		{"tokens", 1, "ts", -1}, {"tokens", 1, "ts", t0, "per", "inf"}, {"tokens", "nan", "ts", t0}} {
 		k := fmt.Sprint("hash", i)
 		if err := client.HSet(ctx, rediskey.Key(l.prefix, k), fields...).Err(); err != nil {
 			t.Fatal(err)
@@ -541,5 +544,35 @@ func TestRedisTimeout(t *testing.T) {
 	}
 	if err != nil || !d.Allowed {
 		t.Fatalf("after Resume: %+v, %v", d, err)
+	}
+}
+
+// TestRedisDebtBeyondQuota: a bucket deep in debt under a small burst,
+// decided under a quota with a larger burst at the same period (whose
+// deepest debt is smaller), is read at that quota's deepest debt: a
+// rejection, not a reply the client refuses.
+func TestRedisDebtBeyondQuota(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	var burst atomic.Int64
+	burst.Store(5)
+	quotas := func(string) throttle.Quota {
+		return throttle.Quota{Rate: throttle.PerSecond(1), Burst: int(burst.Load())}
+	}
+	l, client := newTestRedis(t, throttle.PerSecond(1), 5, WithClock(clock), WithQuotas(quotas))
+	ctx := ctxT(t)
+	t0 := float64(throttletest.T0.UnixMicro())
+	// The deepest debt burst 5 allows: -(2^53 - 5 tokens).
+	if err := client.Set(ctx, rediskey.Key(l.prefix, "deep"), packedBucket(-(1<<53)+5_000_000, t0, 1_000_000), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []int64{5, 10} {
+		burst.Store(b)
+		d, err := l.AllowN(ctx, "deep", 1)
+		if err != nil || d.Allowed || d.RetryAfter <= 0 {
+			t.Fatalf("AllowN under burst %d on the deepest debt = %+v, %v; want a rejection", b, d, err)
+		}
+		if _, err := l.Peek(ctx, "deep", 1); err != nil {
+			t.Fatalf("Peek under burst %d on the deepest debt: %v", b, err)
+		}
 	}
 }
