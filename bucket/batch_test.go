@@ -13,8 +13,12 @@ import (
 )
 
 func TestRedisBatchConformance(t *testing.T) {
-	throttletest.RunBatch(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle.BatchLimiter {
-		l, _ := newTestRedis(t, r, r.Count, WithClock(c))
+	throttletest.RunBatch(t, func(t *testing.T, r throttle.Rate, c throttle.Clock, q throttle.QuotaFunc) throttle.BatchLimiter {
+		opts := []Option{WithClock(c)}
+		if q != nil {
+			opts = append(opts, WithQuotas(q))
+		}
+		l, _ := newTestRedis(t, r, r.Count, opts...)
 		return l
 	})
 }

@@ -50,15 +50,6 @@ func BenchmarkLocalQuotas(b *testing.B) {
 // formatting them is not measured: a new id per call, as every message
 // brings its own (at benchRate with a burst of 1000, an id is remembered
 // for 1 µs, so the ids of a key stay few).
-// benchKeys are the keys of the many-keys benchmarks.
-var benchKeys = func() []string {
-	k := make([]string, 1024)
-	for i := range k {
-		k[i] = "user-" + strconv.Itoa(i)
-	}
-	return k
-}()
-
 var benchIDs = func() []string {
 	ids := make([]string, 1<<16)
 	for i := range ids {
@@ -121,7 +112,7 @@ func BenchmarkRedisBucketBatch(b *testing.B) {
 	ctx := context.Background()
 	for _, size := range []int{16, 64} {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
-			benchtest.Batches(b, benchKeys, size, func(reqs []throttle.Request) error {
+			benchtest.Batches(b, benchtest.Keys, size, func(reqs []throttle.Request) error {
 				_, err := l.AllowBatch(ctx, reqs)
 				return err
 			})
@@ -138,7 +129,7 @@ func BenchmarkRedisBucketKeys(b *testing.B) {
 	}
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
-		_, err := l.AllowN(ctx, benchKeys[i%len(benchKeys)], 1)
+		_, err := l.AllowN(ctx, benchtest.Keys[i%len(benchtest.Keys)], 1)
 		return err
 	})
 }

@@ -10,8 +10,8 @@
 --
 -- KEYS holds two keys per bucket, bucket after bucket; below, KEYS[1] and
 -- KEYS[2] are those of one bucket.
--- KEYS[1]  the bucket: "credit ts per" (see convert.lua), credit at ts (an
---          integer), ts = µs since the Unix epoch at which credit was
+-- KEYS[1]  the bucket: credit, ts and per, packed (see convert.lua), credit
+--          at ts (an integer), ts = µs since the Unix epoch at which credit was
 --          measured, per = the period credit is counted in (ARGV[1] when
 --          written). A missing key is a full bucket.
 -- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which

@@ -60,19 +60,13 @@ func (l *Redis) takeReq(key string, lim *keyLimits, min, max int) takeReq {
 }
 
 // AllowBatch decides reqs as AllowN would, one after another in order,
-// on the caller's goroutine (throttle.BatchLimiter): in one script call
-// per 256 requests on a *redis.Client (one call per key on a cluster,
-// pipelined), whose requests are all decided at one instant. A key present
-// several times sees its earlier requests, as with AllowN calls made one
-// after another.
-//
-// Errors: one naming the request (reqs[i]) for a request AllowN refuses
-// before any Redis call (wrapping throttle.ErrInvalidCost, or
-// throttle.ErrInvalidOption for an invalid quota), and then nothing is
-// decided; else a *throttle.BatchError when some requests could not be
-// decided (Redis or context errors, wrapped as "bucket: redis: ..."; a key
-// of another type under the prefix fails only its own requests), their
-// Decisions zero and the others decided.
+// on the caller's goroutine, as throttle.BatchLimiter says (errors
+// included): in one script call per 256 requests on a *redis.Client (one
+// call per key on a cluster, and per run of a key whose quota changed
+// within the batch), pipelined. Errors before any Redis call wrap
+// throttle.ErrInvalidCost (a bad cost) or, with WithQuotas,
+// throttle.ErrInvalidOption (a bad quota); Redis errors are wrapped as
+// "bucket: redis: ...".
 func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]throttle.Decision, error) {
 	lims := make([]*keyLimits, len(reqs))
 	rs := make([]takeReq, len(reqs))
@@ -82,7 +76,7 @@ func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]thro
 			err = throttle.CheckCost(q.N, lim.p.burst)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("bucket: reqs[%d]: %w", i, err)
+			return nil, fmt.Errorf("reqs[%d]: %w", i, err)
 		}
 		lims[i], rs[i] = lim, l.takeReq(q.Key, lim, q.N, q.N)
 	}
@@ -120,13 +114,25 @@ func (l *Redis) takeMany(ctx context.Context, calls []*takeCall) {
 		}
 		return
 	}
-	l.calls.Run(ctx, coalesce.Group(calls, func(r takeReq) string { return r.key }), true)
+	// A key under two quotas (one changed meanwhile) goes in a group per
+	// quota, and then in calls of its own: each group is decided and
+	// settled under its own quota.
+	groups := coalesce.Group(calls, func(r takeReq) bucketID { return bucketID{r.key, r.lim.quota} }, takeKey)
+	l.calls.Run(ctx, groups, coalesce.Distinct(groups, takeKey))
 }
 
+// bucketID is what the requests of one group share: the key, and its
+// quota when the request was made.
+type bucketID struct {
+	key   string
+	quota throttle.Quota
+}
+
+func takeKey(r takeReq) string { return r.key }
+
 // command builds bucket.lua's call for groups: the bucket and pause of each
-// key, now, then each key's quota and requests. A key's requests go under
-// the first one's quota: they differ only if the quota changed while they
-// were queued.
+// key, now, then each key's quota and requests (a group's requests share
+// their quota: see takeMany).
 func (l *Redis) command(ctx context.Context, groups [][]*takeCall) *redis.IntSliceCmd {
 	n := coalesce.Len(groups)
 	args := takeScript.Start(make([]any, 0, 4+6*len(groups)+2*n))

@@ -70,15 +70,6 @@ func BenchmarkWindowDecision(b *testing.B) {
 	})
 }
 
-// benchKeys are the keys of the many-keys benchmarks.
-var benchKeys = func() []string {
-	k := make([]string, 1024)
-	for i := range k {
-		k[i] = "user-" + strconv.Itoa(i)
-	}
-	return k
-}()
-
 // benchMemIDs are ids taken round-robin by the Memory benchmarks (no
 // allocation per op).
 var benchMemIDs = func() []string {
@@ -110,7 +101,7 @@ func BenchmarkMemoryAcquireRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
-			key, id := benchKeys[i%len(benchKeys)], benchMemIDs[i%len(benchMemIDs)]
+			key, id := benchtest.Keys[i%len(benchtest.Keys)], benchMemIDs[i%len(benchMemIDs)]
 			if _, err := m.Acquire(ctx, key, id, benchLease); err != nil {
 				return err
 			}

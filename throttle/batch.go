@@ -19,10 +19,12 @@ type Request struct {
 //
 // Concurrent AllowN calls are coalesced anyway (see window.Redis); a batch
 // skips what coalescing costs per request (a queued call, a goroutine to
-// wake) and fills each script call: on 1,024 keys a decision in batches
-// of 16 to 64 cost 0.45 to 0.7 of a coalesced AllowN's from 16 goroutines
-// (BenchmarkRedisWindowBatch and BenchmarkRedisBucketBatch; see the
-// README).
+// wake) and fills each script call, so a decision costs less (figures in
+// the README). It is the limiter's own call: the Gate does not use it, so
+// its decisions get no span, metric or failure policy, and a caller that
+// needs them uses Gate.Admit per request. Each AllowBatch call holds a
+// pooled connection of its own, beside the limiter's coalesced calls: size
+// the client's pool for the batches made at once.
 type BatchLimiter interface {
 	Limiter
 	// AllowBatch decides reqs as AllowN would, one after another in order
@@ -32,15 +34,21 @@ type BatchLimiter interface {
 	// Errors: one naming the request (reqs[i]) for a request AllowN would
 	// refuse before any store access (wrapping ErrInvalidCost, say), and
 	// then nothing is decided; else, when some requests could not be
-	// decided (a store failure or timeout, a key the store refuses), a
-	// *BatchError with their errors, their Decisions zero and the others
-	// decided.
+	// decided (a store failure or timeout, a key the store refuses, an
+	// ended ctx), a *BatchError with their errors, their Decisions zero
+	// and the others decided. As with AllowN, a request that failed with a
+	// timeout or ctx's error may still have been applied (its reply was
+	// lost): do not admit it on the failure policy's word alone where
+	// admitting twice matters. Once the store could not be reached in time,
+	// or ctx ended, the requests not yet sent are not sent and get that
+	// error.
 	AllowBatch(ctx context.Context, reqs []Request) ([]Decision, error)
 }
 
 // BatchError is AllowBatch's error when some of its requests could not be
-// decided. Errs holds one error per request, nil for those decided.
-// errors.Is and errors.As see every one of them.
+// decided. Errs holds one error per request, nil for those decided (a
+// timeout may still have been applied: see BatchLimiter). errors.Is and
+// errors.As see every one of them.
 type BatchError struct {
 	Errs []error
 }

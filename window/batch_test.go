@@ -2,8 +2,8 @@ package window
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,8 +15,12 @@ import (
 
 func TestRedisBatchConformance(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
-	throttletest.RunBatch(t, func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle.BatchLimiter {
-		return newTestRedis(t, client, r, WithClock(c))
+	throttletest.RunBatch(t, func(t *testing.T, r throttle.Rate, c throttle.Clock, q throttle.QuotaFunc) throttle.BatchLimiter {
+		opts := []Option{WithClock(c)}
+		if q != nil {
+			opts = append(opts, WithQuotas(q))
+		}
+		return newTestRedis(t, client, r, opts...)
 	})
 }
 
@@ -51,6 +55,27 @@ func TestBatchOneCall(t *testing.T) {
 		}
 	}
 
+	// 600 requests: three calls of at most 256; three of cost just over
+	// MaxCost/2: a call each (at most MaxCost units, so that a call ends
+	// within the timeout).
+	heavy := throttle.Request{Key: "heavy", N: MaxCost/2 + 1}
+	for _, tc := range []struct {
+		reqs  []throttle.Request
+		calls int
+	}{
+		{slices.Repeat([]throttle.Request{{Key: "many", N: 1}}, 600), 3},
+		{[]throttle.Request{heavy, heavy, heavy}, 3},
+	} {
+		big := newTestRedis(t, client, throttle.Rate{Count: 2 * MaxCost, Per: time.Minute})
+		before := redistest.ScriptCalls(t, client)
+		if _, err := big.AllowBatch(ctx, tc.reqs); err != nil {
+			t.Fatal(err)
+		}
+		if calls := redistest.ScriptCalls(t, client) - before; calls != tc.calls {
+			t.Fatalf("a batch of %d requests of cost %d took %d script calls; want %d", len(tc.reqs), tc.reqs[0].N, calls, tc.calls)
+		}
+	}
+
 	reqs = []throttle.Request{{Key: "x", N: 1}, {Key: "poison", N: 1}, {Key: "y", N: 2}, {Key: "poison", N: 1}}
 	ds, err = l.AllowBatch(ctx, reqs)
 	be, failed := throttletest.BatchErrorOf(t, err)
@@ -59,21 +84,5 @@ func TestBatchOneCall(t *testing.T) {
 	}
 	if !ds[0].Allowed || !ds[2].Allowed || ds[1] != (throttle.Decision{}) {
 		t.Fatalf("batch with a foreign key: %+v; want x and y admitted, the foreign key's Decisions zero", ds)
-	}
-}
-
-// TestBatchCanceled: a batch under a canceled context decides nothing and
-// says so for every request.
-func TestBatchCanceled(t *testing.T) {
-	client := redistest.Shared(t).Client(t)
-	l := newTestRedis(t, client, throttle.PerSecond(5))
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_, err := l.AllowBatch(ctx, []throttle.Request{{Key: "a", N: 1}, {Key: "b", N: 1}})
-	if _, failed := throttletest.BatchErrorOf(t, err); failed != "0,1" || !errors.Is(err, context.Canceled) {
-		t.Fatalf("AllowBatch under a canceled context: %v (failed %s); want both failed, context.Canceled", err, failed)
-	}
-	if d, err := l.AllowN(context.Background(), "a", 5); err != nil || !d.Allowed {
-		t.Fatalf("AllowN(a, 5) after the canceled batch = %+v, %v; want admitted (nothing charged)", d, err)
 	}
 }

@@ -26,15 +26,6 @@ const benchParallelism = 8
 
 var benchRate = throttle.Rate{Count: 1 << 30, Per: time.Second}
 
-// benchKeys are the keys of the many-keys benchmarks.
-var benchKeys = func() []string {
-	k := make([]string, 1024)
-	for i := range k {
-		k[i] = "user-" + strconv.Itoa(i)
-	}
-	return k
-}()
-
 func BenchmarkRedisPing(b *testing.B) {
 	client := redistest.Shared(b).Client(b)
 	ctx := context.Background()
@@ -56,7 +47,7 @@ func BenchmarkRedisWindow(b *testing.B) {
 	})
 	b.Run("many-keys", func(b *testing.B) {
 		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
-			_, err := l.Allow(ctx, benchKeys[i%len(benchKeys)])
+			_, err := l.Allow(ctx, benchtest.Keys[i%len(benchtest.Keys)])
 			return err
 		})
 	})
@@ -74,7 +65,7 @@ func BenchmarkRedisWindowBatch(b *testing.B) {
 	}
 	for _, size := range []int{16, 64} {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
-			benchtest.Batches(b, benchKeys, size, func(reqs []throttle.Request) error {
+			benchtest.Batches(b, benchtest.Keys, size, func(reqs []throttle.Request) error {
 				_, err := l.AllowBatch(ctx, reqs)
 				return err
 			})
@@ -128,7 +119,7 @@ func BenchmarkPipelineWindow(b *testing.B) {
 	})
 	b.Run("many-keys", func(b *testing.B) {
 		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
-			_, err := p.allow(ctx, benchKeys[i%len(benchKeys)])
+			_, err := p.allow(ctx, benchtest.Keys[i%len(benchtest.Keys)])
 			return err
 		})
 	})
@@ -153,7 +144,7 @@ func BenchmarkRedisWindowID(b *testing.B) {
 	})
 	b.Run("many-keys", func(b *testing.B) {
 		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
-			_, err := l.AllowID(ctx, benchKeys[i%len(benchKeys)], 1, strconv.FormatInt(seq.Add(1), 10), time.Minute)
+			_, err := l.AllowID(ctx, benchtest.Keys[i%len(benchtest.Keys)], 1, strconv.FormatInt(seq.Add(1), 10), time.Minute)
 			return err
 		})
 	})
@@ -188,7 +179,7 @@ func BenchmarkRedisWindowBefore(b *testing.B) {
 		benchtest.SeqAndParallel(b, benchParallelism, func(int) error { return allow(one) })
 	})
 	b.Run("many-keys", func(b *testing.B) {
-		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error { return allow(prefix + "{" + benchKeys[i%len(benchKeys)] + "}") })
+		benchtest.SeqAndParallel(b, benchParallelism, func(i int) error { return allow(prefix + "{" + benchtest.Keys[i%len(benchtest.Keys)] + "}") })
 	})
 }
 

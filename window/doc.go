@@ -92,7 +92,9 @@
 // Decisions are coalesced (group commit): a call that finds no other in
 // flight goes at once, alone; while calls are in flight, the decisions
 // of other goroutines queue, and the next flush sends them together, at
-// most 256 per flush, each key's requests in arrival order. On a
+// most 256 requests and MaxCost units per flush (a call of more units
+// would outlast the default timeout), each key's requests in arrival
+// order. On a
 // *redis.Client one script call carries every key of the flush; on a
 // *redis.ClusterClient, a *redis.Ring or any other client (which route by
 // key) there is one script call per key, pipelined, and so it is on a
@@ -126,8 +128,8 @@
 //
 // A caller that holds many requests at once decides them with
 // [Redis.AllowBatch] (throttle.BatchLimiter): as AllowN one after another,
-// on its own goroutine, in one script call per 256 requests (per key on a
-// cluster), without the queue.
+// on its own goroutine, in one script call per 256 requests and MaxCost
+// units (per key on a cluster), without the queue and beside it.
 //
 // # Pause
 //

@@ -134,7 +134,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 	if _, standalone := c.(*redis.Client); !standalone {
 		l.calls.OneKeyPerCall()
 	}
-	l.batch = coalesce.New(l.timeout, maxBatch, l.one, l.many)
+	l.batch = coalesce.New(l.timeout, maxBatch, l.one, l.many).WithUnits(func(r request) int { return r.n }, maxUnits)
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
 	}
@@ -212,7 +212,7 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member string, ho
 
 // request checks a decision's input and builds it, with key's quota.
 func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
-	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, member: member, horizon: horizon}
+	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, n: n, member: member, horizon: horizon}
 	// The key, its pause and schedule keys and AllowN's fresh member, in
 	// one allocation: the schedule key starts with the pause key, which
 	// starts with the key.

@@ -24,6 +24,7 @@ type request struct {
 	argLimit any
 	limit    int
 	argN     any
+	n        int
 	member   string // AllowN: a fresh member; AllowID: the id
 	horizon  any    // argAllowN, argPeek or AllowID's horizon in µs
 }
@@ -41,9 +42,13 @@ type groupID struct {
 	win, limit any
 }
 
-// maxBatch bounds the requests of one flush: with the largest cost
-// (MaxCost) a script call still ends within a few milliseconds.
-const maxBatch = 256
+// maxBatch bounds the requests of one flush, and maxUnits their units
+// (sorted-set members to write): one AllowN of MaxCost took 23 ms, so a
+// flush of cost beyond MaxCost would outlast the default timeout.
+const (
+	maxBatch = 256
+	maxUnits = MaxCost
+)
 
 var (
 	argNumKeys     = [...]any{3: "3", 4: "4"} // numkeys of a lone call, boxed once
@@ -79,24 +84,19 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 }
 
 // AllowBatch decides reqs as AllowN would, one after another in order,
-// on the caller's goroutine (throttle.BatchLimiter): in one script call
-// per 256 requests on a *redis.Client (one call per key on a cluster,
-// pipelined), whose requests are all decided at one instant. A key present
-// several times sees its earlier requests, as with AllowN calls made one
-// after another.
-//
-// Errors: one naming the request (reqs[i]) and wrapping
-// throttle.ErrInvalidCost for a cost AllowN refuses, before any Redis
-// call, and then nothing is decided; else a *throttle.BatchError when some
-// requests could not be decided (Redis or context errors, wrapped as
-// "window: redis: ..."; a key of another type under the prefix fails only
-// its own requests), their Decisions zero and the others decided.
+// on the caller's goroutine, as throttle.BatchLimiter says (errors
+// included): in one script call per 256 requests and MaxCost units on a
+// *redis.Client (one call per key on a cluster, and per run of a key whose
+// quota changed within the batch), pipelined. Errors before any Redis call
+// wrap throttle.ErrInvalidCost (a bad cost) or, with WithQuotas,
+// throttle.ErrInvalidOption (a bad quota); Redis errors are wrapped as
+// "window: redis: ...".
 func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]throttle.Decision, error) {
 	rs := make([]request, len(reqs))
 	for i, q := range reqs {
 		r, err := l.request(q.Key, q.N, "", argAllowN)
 		if err != nil {
-			return nil, fmt.Errorf("window: reqs[%d]: %w", i, err)
+			return nil, fmt.Errorf("reqs[%d]: %w", i, err)
 		}
 		rs[i] = r
 	}
@@ -114,11 +114,13 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 		}
 		return
 	}
-	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} })
+	groups := coalesce.Group(calls, func(r request) groupID { return groupID{r.key, r.argWin, r.argLimit} }, requestKey)
 	// A key twice (its quota changed while queued) goes in calls of its
 	// own: the script reads each key's schedule once, at its start.
-	l.calls.Run(ctx, groups, coalesce.Distinct(groups, func(r request) string { return r.key }))
+	l.calls.Run(ctx, groups, coalesce.Distinct(groups, requestKey))
 }
+
+func requestKey(r request) string { return r.key }
 
 // command builds the script call of groups: the keys of each, the
 // clock's arguments, then each key's window, limit and requests.

@@ -5,6 +5,7 @@ package benchtest
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,15 @@ import (
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 )
+
+// Keys are the keys of the many-keys benchmarks: "user-0" to "user-1023".
+var Keys = func() []string {
+	k := make([]string, 1024)
+	for i := range k {
+		k[i] = "user-" + strconv.Itoa(i)
+	}
+	return k
+}()
 
 // SeqAndParallel benchmarks op in two sub-benchmarks with allocations
 // reported: "seq" calls it from one goroutine, "parallel" from parallelism

@@ -11,6 +11,8 @@ package coalesce
 
 import (
 	"context"
+	"errors"
+	"net"
 	"runtime"
 	"sync"
 	"time"
@@ -35,6 +37,8 @@ type Batcher[Req, Res any] struct {
 	many     func(context.Context, []*Call[Req, Res])
 	deadline *deadline.Shared
 	maxBatch int
+	units    func(Req) int // a request's weight (nil: 1), at most maxUnits per batch
+	maxUnits int
 
 	mu       sync.Mutex
 	inFlight int // lone calls, and flushers
@@ -61,6 +65,33 @@ func New[Req, Res any](timeout time.Duration, maxBatch int,
 	one func(context.Context, Req) (Res, error),
 	many func(context.Context, []*Call[Req, Res])) *Batcher[Req, Res] {
 	return &Batcher[Req, Res]{one: one, many: many, deadline: deadline.NewShared(timeout), maxBatch: maxBatch}
+}
+
+// WithUnits bounds the weight of a batch as well: at most max units, as
+// units weighs a request (a window's cost n: one sorted-set member per
+// unit), so that no script call outlasts the timeout. A request heavier
+// than max goes in a batch alone. It returns b, and must be called before
+// b is used.
+func (b *Batcher[Req, Res]) WithUnits(units func(Req) int, max int) *Batcher[Req, Res] {
+	b.units, b.maxUnits = units, max
+	return b
+}
+
+// batchLen returns how many requests of reqs, from the first, go in one
+// batch: at most maxBatch, and at most maxUnits units (at least one).
+func (b *Batcher[Req, Res]) batchLen(n int, req func(i int) Req) int {
+	k := min(n, b.maxBatch)
+	if b.units == nil {
+		return k
+	}
+	sum := 0
+	for i := range k {
+		sum += b.units(req(i))
+		if i > 0 && sum > b.maxUnits {
+			return i
+		}
+	}
+	return k
 }
 
 // Do decides req: at once if fewer than MaxInFlight flushes are in flight
@@ -104,23 +135,46 @@ func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 }
 
 // DoAll decides reqs together on the caller's goroutine, not queued behind
-// other calls: in batches of at most maxBatch requests, in order, each
-// sent by many under ctx bounded by the timeout (as a lone call). It
-// returns each request's result and error (errs is nil when every
-// request was decided).
+// other calls: in batches as a flush makes them (at most maxBatch
+// requests and maxUnits units), in order, each sent by many under ctx
+// bounded by the timeout (as a lone call). It returns each request's
+// result and error (errs is nil when every request was decided). Once ctx
+// has ended, or every request of a batch failed because the store could
+// not be reached in time, the requests after it are not sent and get that
+// error. A request
+// whose error is a timeout or ctx's may still have been applied (its
+// reply was lost), as with Do.
 func (b *Batcher[Req, Res]) DoAll(ctx context.Context, reqs []Req) (res []Res, errs []error) {
 	res = make([]Res, len(reqs))
 	calls := make([]Call[Req, Res], len(reqs))
+	for i := range calls {
+		calls[i].Req = reqs[i]
+	}
 	batch := make([]*Call[Req, Res], 0, min(len(reqs), b.maxBatch))
-	for start := 0; start < len(reqs); start += b.maxBatch {
+	var stop error // the error of the requests not sent
+	for start := 0; start < len(reqs); {
+		k := b.batchLen(len(reqs)-start, func(i int) Req { return reqs[start+i] })
+		if stop == nil {
+			stop = ctx.Err()
+		}
+		if stop != nil {
+			for i := start; i < start+k; i++ {
+				calls[i].Err = stop
+			}
+			start += k
+			continue
+		}
 		batch = batch[:0]
-		for i := start; i < min(start+b.maxBatch, len(reqs)); i++ {
-			calls[i].Req = reqs[i]
+		for i := start; i < start+k; i++ {
 			batch = append(batch, &calls[i])
 		}
 		bctx, cancel := b.deadline.Bound(ctx)
 		b.many(bctx, batch)
 		cancel()
+		if allFailed(batch) && unreachable(batch[0].Err) {
+			stop = batch[0].Err
+		}
+		start += k
 	}
 	for i := range calls {
 		res[i] = calls[i].Res
@@ -132,6 +186,24 @@ func (b *Batcher[Req, Res]) DoAll(ctx context.Context, reqs []Req) (res []Res, e
 		}
 	}
 	return res, errs
+}
+
+// unreachable reports whether err says the store could not be reached in
+// time (a timeout, a canceled context, a network error), not that it
+// refused a request.
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.As(err, &ne)
+}
+
+// allFailed reports whether every call of batch has an error.
+func allFailed[Req, Res any](batch []*Call[Req, Res]) bool {
+	for _, c := range batch {
+		if c.Err == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // InFlight returns how many flushes are in flight now.
@@ -194,7 +266,7 @@ func (b *Batcher[Req, Res]) take(buf []*Call[Req, Res]) []*Call[Req, Res] {
 	if len(b.queue) == 0 {
 		return nil
 	}
-	k := min(len(b.queue), b.maxBatch)
+	k := b.batchLen(len(b.queue), func(i int) Req { return b.queue[i].Req })
 	batch := append(buf, b.queue[:k]...)
 	for _, c := range batch {
 		c.taken = true
@@ -240,10 +312,16 @@ func Distinct[Req, Res any, K comparable](groups [][]*Call[Req, Res], key func(R
 	return true
 }
 
-// Group splits calls by what id returns for their requests (a store key,
-// with its quota), keeping arrival order within each group, and groups in
-// the order their first call arrived.
-func Group[Req, Res any, K comparable](calls []*Call[Req, Res], id func(Req) K) [][]*Call[Req, Res] {
+// Group splits calls by what id returns for their requests (a store key
+// with its quota; key returns the store key alone), keeping arrival order
+// within each group, and groups in the order their first call arrived. A
+// call joins the newest group of its key only if that group has its id:
+// a key whose quota changed, and changed back, is in a group per run, so
+// that sending the groups in order keeps each key's arrival order.
+func Group[Req, Res any, K comparable](calls []*Call[Req, Res], id func(Req) K, key func(Req) string) [][]*Call[Req, Res] {
+	if len(calls) == 0 {
+		return nil
+	}
 	first, same := id(calls[0].Req), true
 	for _, c := range calls[1:] {
 		if id(c.Req) != first {
@@ -254,17 +332,21 @@ func Group[Req, Res any, K comparable](calls []*Call[Req, Res], id func(Req) K) 
 	if same { // one hot key: no map
 		return [][]*Call[Req, Res]{calls}
 	}
-	index := make(map[K]int, len(calls))
+	type newest struct {
+		id    K
+		group int
+	}
+	index := make(map[string]newest, len(calls))
 	var groups [][]*Call[Req, Res]
 	for _, c := range calls {
-		k := id(c.Req)
-		i, ok := index[k]
-		if !ok {
-			i = len(groups)
-			index[k] = i
+		k, gid := key(c.Req), id(c.Req)
+		n, ok := index[k]
+		if !ok || n.id != gid {
+			n = newest{gid, len(groups)}
+			index[k] = n
 			groups = append(groups, nil)
 		}
-		groups[i] = append(groups[i], c)
+		groups[n.group] = append(groups[n.group], c)
 	}
 	return groups
 }

@@ -181,3 +181,87 @@ func waitQueued(t *testing.T, b *Batcher[int, int], n int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestGroupKeepsEachKeysOrder: a key whose quota changes and changes back
+// is in a group per run, in arrival order; one key alone is one group.
+func TestGroupKeepsEachKeysOrder(t *testing.T) {
+	type req struct{ key, quota string }
+	calls := func(reqs ...req) []*Call[req, int] {
+		cs := make([]*Call[req, int], len(reqs))
+		for i, r := range reqs {
+			cs[i] = &Call[req, int]{Req: r}
+		}
+		return cs
+	}
+	show := func(groups [][]*Call[req, int]) [][]req {
+		var out [][]req
+		for _, g := range groups {
+			var rs []req
+			for _, c := range g {
+				rs = append(rs, c.Req)
+			}
+			out = append(out, rs)
+		}
+		return out
+	}
+	id := func(r req) req { return r }
+	key := func(r req) string { return r.key }
+	a1, a2, b1 := req{"a", "1"}, req{"a", "2"}, req{"b", "1"}
+	got := show(Group(calls(a1, b1, a2, a1, b1, a1), id, key))
+	want := [][]req{{a1}, {b1, b1}, {a2}, {a1, a1}}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("Group = %v; want %v", got, want)
+	}
+	if got := show(Group(calls(a1, a1, a1), id, key)); len(got) != 1 || len(got[0]) != 3 {
+		t.Fatalf("Group of one key = %v; want one group of 3", got)
+	}
+	if got := Group(calls(), id, key); got != nil {
+		t.Fatalf("Group of nothing = %v; want nil", got)
+	}
+}
+
+// TestDoAll: a caller's own batch goes in batches of at most maxBatch
+// requests and maxUnits units, in order; after a batch the store could
+// not be reached for, and under an ended context, nothing more is sent.
+func TestDoAll(t *testing.T) {
+	r := newRecorder()
+	b := New(time.Second, 3, r.one, r.many).WithUnits(func(n int) int { return n }, 10)
+	res, errs := b.DoAll(context.Background(), []int{1, 2, 3, 4, 9, 11, 1, 1})
+	if errs != nil || !slices.Equal(res, []int{1, 2, 3, 4, 9, 11, 1, 1}) {
+		t.Fatalf("DoAll = %v, %v; want every request echoed", res, errs)
+	}
+	want := [][]int{{1, 2, 3}, {4}, {9}, {11}, {1, 1}}
+	if !slices.EqualFunc(r.batches, want, slices.Equal) {
+		t.Fatalf("batches %v; want %v (at most 3 requests, 10 units, one heavier request alone)", r.batches, want)
+	}
+
+	sent := 0
+	down := New(time.Second, 2, r.one, func(ctx context.Context, calls []*Call[int, int]) {
+		sent++
+		for _, c := range calls {
+			c.Err = context.DeadlineExceeded
+		}
+	})
+	_, errs = down.DoAll(context.Background(), []int{1, 2, 3, 4, 5})
+	if sent != 1 || len(errs) != 5 || !errors.Is(errs[4], context.DeadlineExceeded) {
+		t.Fatalf("store unreachable: %d batches sent, errors %v; want 1 sent, every request failed", sent, errs)
+	}
+	refused := 0
+	picky := New(time.Second, 2, r.one, func(ctx context.Context, calls []*Call[int, int]) {
+		refused++
+		for _, c := range calls {
+			c.Err = errors.New("WRONGTYPE")
+		}
+	})
+	if _, errs = picky.DoAll(context.Background(), []int{1, 2, 3, 4, 5}); refused != 3 || len(errs) != 5 {
+		t.Fatalf("requests refused: %d batches sent, errors %v; want all 3 sent (a refusal is about its requests)", refused, errs)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r.batches = nil
+	_, errs = b.DoAll(ctx, []int{1, 2})
+	if len(r.batches) != 0 || !errors.Is(errs[1], context.Canceled) {
+		t.Fatalf("canceled: batches %v, errors %v; want none sent, context.Canceled", r.batches, errs)
+	}
+}

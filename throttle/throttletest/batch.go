@@ -13,8 +13,9 @@ import (
 )
 
 // NewBatchFunc returns a fresh limiter (state of its own) of Rate r and,
-// for token buckets, burst r.Count, reading time from c.
-type NewBatchFunc func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle.BatchLimiter
+// for token buckets, burst r.Count, reading time from c, with quotas q
+// (WithQuotas) when q is not nil.
+type NewBatchFunc func(t *testing.T, r throttle.Rate, c throttle.Clock, q throttle.QuotaFunc) throttle.BatchLimiter
 
 // RunBatch checks throttle.BatchLimiter's contract on limiters from
 // newLimiter:
@@ -24,26 +25,48 @@ type NewBatchFunc func(t *testing.T, r throttle.Rate, c throttle.Clock) throttle
 //     refill part of the limit between batches;
 //   - more requests than one script call carries (600 on one key) are
 //     decided in order: exactly the limit admitted, the first ones;
+//   - so it does while a key's quota changes from request to request
+//     (the quota is read once per request, in order, as by AllowN);
 //   - a request with a bad cost fails the call before anything is
 //     decided, naming its place;
+//   - under a canceled context nothing is decided, and every request
+//     says so in a *throttle.BatchError;
 //   - an empty batch decides nothing.
 func RunBatch(t *testing.T, newLimiter NewBatchFunc) {
-	t.Run("matches one by one", func(t *testing.T) { testBatchMatches(t, newLimiter) })
+	t.Run("matches one by one", func(t *testing.T) { testBatchMatches(t, newLimiter, nil) })
+	t.Run("quota changes within a batch", func(t *testing.T) {
+		testBatchMatches(t, newLimiter, func() throttle.QuotaFunc {
+			calls := 0
+			quotas := []throttle.Quota{{}, {Rate: throttle.PerSecond(3)}, {Rate: throttle.PerMinute(12)}}
+			return func(string) throttle.Quota {
+				calls++
+				return quotas[calls/3%len(quotas)]
+			}
+		})
+	})
 	t.Run("longer than a call", func(t *testing.T) { testBatchLong(t, newLimiter) })
 	t.Run("bad cost", func(t *testing.T) { testBatchBadCost(t, newLimiter) })
+	t.Run("canceled", func(t *testing.T) { testBatchCanceled(t, newLimiter) })
 	t.Run("empty", func(t *testing.T) {
-		l := newLimiter(t, throttle.PerSecond(5), NewClock(T0))
+		l := newLimiter(t, throttle.PerSecond(5), NewClock(T0), nil)
 		if ds, err := l.AllowBatch(context.Background(), nil); err != nil || len(ds) != 0 {
 			t.Fatalf("AllowBatch(nil) = %v, %v; want no decisions, nil", ds, err)
 		}
 	})
 }
 
-func testBatchMatches(t *testing.T, newLimiter NewBatchFunc) {
+// testBatchMatches compares a batch with AllowN one by one; quotas, if
+// not nil, makes the quota function of each of the two (the same sequence
+// of quotas for both).
+func testBatchMatches(t *testing.T, newLimiter NewBatchFunc, quotas func() throttle.QuotaFunc) {
 	ctx := context.Background()
 	r := throttle.PerSecond(10)
 	clock := NewClock(T0)
-	batch, single := newLimiter(t, r, clock), newLimiter(t, r, clock)
+	var qb, qs throttle.QuotaFunc
+	if quotas != nil {
+		qb, qs = quotas(), quotas()
+	}
+	batch, single := newLimiter(t, r, clock, qb), newLimiter(t, r, clock, qs)
 	rng := rand.New(rand.NewPCG(1, 2))
 	keys := []string{"a", "b", "", "c{d}"}
 	admitted := 0
@@ -77,7 +100,7 @@ func testBatchMatches(t *testing.T, newLimiter NewBatchFunc) {
 
 func testBatchLong(t *testing.T, newLimiter NewBatchFunc) {
 	r := throttle.PerSecond(500)
-	l := newLimiter(t, r, NewClock(T0))
+	l := newLimiter(t, r, NewClock(T0), nil)
 	reqs := make([]throttle.Request, 600)
 	for i := range reqs {
 		reqs[i] = throttle.Request{Key: "long", N: 1}
@@ -96,7 +119,7 @@ func testBatchLong(t *testing.T, newLimiter NewBatchFunc) {
 func testBatchBadCost(t *testing.T, newLimiter NewBatchFunc) {
 	ctx := context.Background()
 	r := throttle.PerSecond(5)
-	l := newLimiter(t, r, NewClock(T0))
+	l := newLimiter(t, r, NewClock(T0), nil)
 	for _, n := range []int{0, -1, r.Count + 1} {
 		reqs := []throttle.Request{{Key: "k", N: 1}, {Key: "k", N: 2}, {Key: "k", N: n}}
 		ds, err := l.AllowBatch(ctx, reqs)
@@ -108,6 +131,27 @@ func testBatchBadCost(t *testing.T, newLimiter NewBatchFunc) {
 	d, err := l.AllowN(ctx, "k", r.Count)
 	if err != nil || !d.Allowed {
 		t.Fatalf("AllowN(k, %d) after the refused batches = %+v, %v; want admitted (nothing charged)", r.Count, d, err)
+	}
+}
+
+func testBatchCanceled(t *testing.T, newLimiter NewBatchFunc) {
+	r := throttle.PerSecond(5)
+	l := newLimiter(t, r, NewClock(T0), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	reqs := make([]throttle.Request, 300) // two script calls' worth
+	for i := range reqs {
+		reqs[i] = throttle.Request{Key: fmt.Sprint("c", i%3), N: 1}
+	}
+	_, err := l.AllowBatch(ctx, reqs)
+	be, _ := BatchErrorOf(t, err)
+	for i, e := range be.Errs {
+		if !errors.Is(e, context.Canceled) {
+			t.Fatalf("reqs[%d] under a canceled context: %v; want context.Canceled", i, e)
+		}
+	}
+	if d, err := l.AllowN(context.Background(), "c0", r.Count); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(c0, %d) after the canceled batch = %+v, %v; want admitted (nothing charged)", r.Count, d, err)
 	}
 }
 
