@@ -84,16 +84,21 @@ func BenchmarkXTimeRate(b *testing.B) {
 // benchmarks: enough concurrent calls to keep the server busy.
 const benchParallelism = 8
 
-// The Redis benchmarks compare one bucket decision (one EVALSHA) with a
-// PING on the same server and client.
-func BenchmarkRedisBucket(b *testing.B) {
-	client := redistest.Shared(b).Client(b)
-	// A generous timeout: a benchmark measures speed, and a loaded machine
-	// can stall one call beyond the default 50 ms.
-	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
+// newBenchRedis returns a Redis bucket on the shared server, with a
+// generous timeout: a benchmark measures speed, and a loaded machine can
+// stall one call beyond the default 50 ms.
+func newBenchRedis(b *testing.B) *Redis {
+	l, err := NewRedis(redistest.Shared(b).Client(b), throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
+	return l
+}
+
+// The Redis benchmarks compare one bucket decision (one EVALSHA) with a
+// PING on the same server and client.
+func BenchmarkRedisBucket(b *testing.B) {
+	l := newBenchRedis(b)
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
 		_, err := l.AllowN(ctx, "key", 1)
@@ -104,11 +109,7 @@ func BenchmarkRedisBucket(b *testing.B) {
 // BenchmarkRedisBucketBatch decides AllowBatch's batches over 1,024 keys:
 // compare its ns/decision with BenchmarkRedisBucketKeys/parallel.
 func BenchmarkRedisBucketBatch(b *testing.B) {
-	client := redistest.Shared(b).Client(b)
-	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := newBenchRedis(b)
 	ctx := context.Background()
 	for _, size := range []int{16, 64} {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
@@ -122,11 +123,7 @@ func BenchmarkRedisBucketBatch(b *testing.B) {
 
 // BenchmarkRedisBucketKeys is BenchmarkRedisBucket over 1,024 keys.
 func BenchmarkRedisBucketKeys(b *testing.B) {
-	client := redistest.Shared(b).Client(b)
-	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := newBenchRedis(b)
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
 		_, err := l.AllowN(ctx, benchtest.Keys[i%len(benchtest.Keys)], 1)
@@ -137,11 +134,7 @@ func BenchmarkRedisBucketKeys(b *testing.B) {
 // BenchmarkRedisAllowID is BenchmarkRedisBucket with an id per call (one
 // EVALSHA of bucket_id.lua): compare the two in one run.
 func BenchmarkRedisAllowID(b *testing.B) {
-	client := redistest.Shared(b).Client(b)
-	l, err := NewRedis(client, throttle.PerSecond(benchRate), 1000, WithPrefix(freshPrefix()), WithTimeout(5*time.Second))
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := newBenchRedis(b)
 	ctx := context.Background()
 	benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
 		_, err := l.AllowID(ctx, "key", 1, benchIDs[i&(len(benchIDs)-1)], time.Second)

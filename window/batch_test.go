@@ -2,9 +2,7 @@ package window
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -34,26 +32,10 @@ func TestBatchOneCall(t *testing.T) {
 	if err := client.Set(ctx, l.key("poison"), "not a sorted set", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var reqs []throttle.Request
-	for i := range 90 {
-		reqs = append(reqs, throttle.Request{Key: fmt.Sprint("k", i%30), N: 1})
-	}
 	if _, err := l.Allow(ctx, "warm"); err != nil { // loads the script
 		t.Fatal(err)
 	}
-	before := redistest.ScriptCalls(t, client)
-	ds, err := l.AllowBatch(ctx, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if calls := redistest.ScriptCalls(t, client) - before; calls != 1 {
-		t.Fatalf("a batch of 90 requests over 30 keys took %d script calls; want 1", calls)
-	}
-	for i, d := range ds {
-		if want := i < 60; d.Allowed != want || d.Source != throttle.SourceRedis {
-			t.Fatalf("reqs[%d] (%q, its %d. request): %+v; want allowed %v (2 per key)", i, reqs[i].Key, i/30+1, d, want)
-		}
-	}
+	throttletest.CheckBatchCalls(t, l, func() int { return redistest.ScriptCalls(t, client) })
 
 	// 600 requests: three calls of at most 256; three of cost just over
 	// MaxCost/2: a call each (at most MaxCost units, so that a call ends
@@ -74,15 +56,5 @@ func TestBatchOneCall(t *testing.T) {
 		if calls := redistest.ScriptCalls(t, client) - before; calls != tc.calls {
 			t.Fatalf("a batch of %d requests of cost %d took %d script calls; want %d", len(tc.reqs), tc.reqs[0].N, calls, tc.calls)
 		}
-	}
-
-	reqs = []throttle.Request{{Key: "x", N: 1}, {Key: "poison", N: 1}, {Key: "y", N: 2}, {Key: "poison", N: 1}}
-	ds, err = l.AllowBatch(ctx, reqs)
-	be, failed := throttletest.BatchErrorOf(t, err)
-	if failed != "1,3" || !strings.Contains(be.Errs[1].Error(), "WRONGTYPE") || !strings.Contains(err.Error(), "2 of 4") {
-		t.Fatalf("batch with a foreign key: %v (failed %s); want reqs 1 and 3 failed with WRONGTYPE", err, failed)
-	}
-	if !ds[0].Allowed || !ds[2].Allowed || ds[1] != (throttle.Decision{}) {
-		t.Fatalf("batch with a foreign key: %+v; want x and y admitted, the foreign key's Decisions zero", ds)
 	}
 }

@@ -170,3 +170,41 @@ func BatchErrorOf(t testing.TB, err error) (be *throttle.BatchError, failed stri
 	}
 	return be, strings.Join(idx, ",")
 }
+
+// CheckBatchCalls checks, on l (a limit of 2 per key, on its own store so
+// that scriptCalls counts its calls alone, its script loaded) where the
+// key "poison" holds another program's value: a batch of 90 requests over
+// 30 keys is one script call, deciding exactly 2 per key, in order; and a
+// batch beside the foreign key fails only that key's requests, with the
+// store's WRONGTYPE, their Decisions zero.
+func CheckBatchCalls(t *testing.T, l throttle.BatchLimiter, scriptCalls func() int) {
+	t.Helper()
+	ctx := context.Background()
+	var reqs []throttle.Request
+	for i := range 90 {
+		reqs = append(reqs, throttle.Request{Key: fmt.Sprint("k", i%30), N: 1})
+	}
+	before := scriptCalls()
+	ds, err := l.AllowBatch(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls := scriptCalls() - before; calls != 1 {
+		t.Fatalf("a batch of 90 requests over 30 keys took %d script calls; want 1", calls)
+	}
+	for i, d := range ds {
+		if want := i < 60; d.Allowed != want || d.Source != throttle.SourceRedis {
+			t.Fatalf("reqs[%d] (%q, its %d. request): %+v; want allowed %v (2 per key)", i, reqs[i].Key, i/30+1, d, want)
+		}
+	}
+
+	reqs = []throttle.Request{{Key: "x", N: 1}, {Key: "poison", N: 1}, {Key: "y", N: 2}, {Key: "poison", N: 1}}
+	ds, err = l.AllowBatch(ctx, reqs)
+	be, failed := BatchErrorOf(t, err)
+	if failed != "1,3" || !strings.Contains(be.Errs[1].Error(), "WRONGTYPE") || !strings.Contains(err.Error(), "2 of 4") {
+		t.Fatalf("batch with a foreign key: %v (failed %s); want reqs 1 and 3 failed with WRONGTYPE", err, failed)
+	}
+	if !ds[0].Allowed || !ds[2].Allowed || ds[1] != (throttle.Decision{}) {
+		t.Fatalf("batch with a foreign key: %+v; want x and y admitted, the foreign key's Decisions zero", ds)
+	}
+}
