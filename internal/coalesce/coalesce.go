@@ -56,11 +56,11 @@ const MaxInFlight = 2
 // New returns a Batcher. one decides a lone request; many decides a batch,
 // filling in the Res or Err of each Call, in the order given (arrival
 // order), and keeps no reference to the slice once it returns (the
-// flusher reuses it). Each flush of a batch runs under its own context with a
-// deadline of timeout, so that no caller's context (canceled, or with a
-// short deadline) fails the requests of others; a lone request runs
-// under its caller's context, bounded by timeout. A batch holds at most
-// maxBatch requests.
+// flusher reuses it). Each flush of a batch runs under its own context
+// with a deadline of timeout, so that no caller's context (canceled, or
+// with a short deadline) fails the requests of others; a lone request
+// runs under its caller's context, bounded by timeout. A batch holds at
+// most maxBatch requests (and see WithUnits).
 func New[Req, Res any](timeout time.Duration, maxBatch int,
 	one func(context.Context, Req) (Res, error),
 	many func(context.Context, []*Call[Req, Res])) *Batcher[Req, Res] {
@@ -141,9 +141,8 @@ func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 // result and error (errs is nil when every request was decided). Once ctx
 // has ended, or every request of a batch failed because the store could
 // not be reached in time, the requests after it are not sent and get that
-// error. A request
-// whose error is a timeout or ctx's may still have been applied (its
-// reply was lost), as with Do.
+// error. A request whose error is a timeout or ctx's may still have been
+// applied (its reply was lost), as with Do.
 func (b *Batcher[Req, Res]) DoAll(ctx context.Context, reqs []Req) (res []Res, errs []error) {
 	res = make([]Res, len(reqs))
 	calls := make([]Call[Req, Res], len(reqs))
