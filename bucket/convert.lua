@@ -71,7 +71,7 @@ local function convert(credit, sp, per, cap)
 		return math.max(credit, cap - maxExact)
 	end
 	local t = math.floor(credit / sp)
-	local lo = -math.floor((9007199254740992 - cap) / per)
+	local lo = -math.floor((maxExact - cap) / per)
 	if t > cap / per then
 		t = cap / per
 	elseif t < lo then

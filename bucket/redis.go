@@ -237,18 +237,17 @@ func (l *Redis) lease(ctx context.Context, key string, lim *keyLimits, min, max 
 	if err != nil {
 		return grant{}, err
 	}
-	granted, credit, paused := t.granted, t.credit, t.paused
 	g := grant{
 		lim:        lim,
-		granted:    granted,
-		remaining:  float64(credit) / float64(p.perUS),
-		resetAfter: micros(p.waitUS(p.cap, credit)),
+		granted:    t.granted,
+		remaining:  float64(t.credit) / float64(p.perUS),
+		resetAfter: micros(p.waitUS(p.cap, t.credit)),
 	}
-	if granted == 0 {
-		g.retryAfter = maxDuration(micros(p.waitUS(int64(min)*p.perUS, credit)), time.Millisecond)
+	if t.granted == 0 {
+		g.retryAfter = maxDuration(micros(p.waitUS(int64(min)*p.perUS, t.credit)), time.Millisecond)
 	}
-	if paused > 0 {
-		g.paused = maxDuration(micros(paused), time.Millisecond)
+	if t.paused > 0 {
+		g.paused = maxDuration(micros(t.paused), time.Millisecond)
 		g.retryAfter = maxDuration(g.retryAfter, g.paused)
 		g.resetAfter = maxDuration(g.resetAfter, g.paused)
 	}

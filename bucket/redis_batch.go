@@ -68,7 +68,6 @@ func (l *Redis) takeReq(key string, lim *keyLimits, min, max int) takeReq {
 // throttle.ErrInvalidOption (a bad quota); Redis errors are wrapped as
 // "bucket: redis: ...".
 func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]throttle.Decision, error) {
-	lims := make([]*keyLimits, len(reqs))
 	rs := make([]takeReq, len(reqs))
 	for i, q := range reqs {
 		lim, err := l.lims.of(q.Key)
@@ -78,13 +77,13 @@ func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]thro
 		if err != nil {
 			return nil, fmt.Errorf("reqs[%d]: %w", i, err)
 		}
-		lims[i], rs[i] = lim, l.takeReq(q.Key, lim, q.N, q.N)
+		rs[i] = l.takeReq(q.Key, lim, q.N, q.N)
 	}
 	ts, errs := l.batch.DoAll(ctx, rs)
 	ds := make([]throttle.Decision, len(reqs))
 	for i, t := range ts {
 		if errs == nil || errs[i] == nil {
-			ds[i] = allowDecision(lims[i], reqs[i].N, t)
+			ds[i] = allowDecision(rs[i].lim, reqs[i].N, t)
 		}
 	}
 	return ds, throttle.NewBatchError(errs)

@@ -51,20 +51,10 @@ func BenchmarkRedisWindow(b *testing.B) {
 			return err
 		})
 	})
-}
-
-// BenchmarkRedisWindowBatch decides AllowBatch's batches over the
-// many-keys benchmark's keys: compare its ns/decision with
-// BenchmarkRedisWindow/many-keys/parallel.
-func BenchmarkRedisWindowBatch(b *testing.B) {
-	client := redistest.Shared(b).Client(b)
-	ctx := context.Background()
-	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
-	if err != nil {
-		b.Fatal(err)
-	}
+	// AllowBatch over the same keys: compare ns/decision with
+	// many-keys/parallel.
 	for _, size := range []int{16, 64} {
-		b.Run(strconv.Itoa(size), func(b *testing.B) {
+		b.Run("batch-"+strconv.Itoa(size), func(b *testing.B) {
 			benchtest.Batches(b, benchtest.Keys, size, func(reqs []throttle.Request) error {
 				_, err := l.AllowBatch(ctx, reqs)
 				return err
