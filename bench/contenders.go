@@ -54,6 +54,9 @@ type contender struct {
 	// coalesces says whether concurrent decisions share Redis calls, and
 	// how ("" for in-process limiters).
 	coalesces string
+	// roundTrip: every decision is at least one Redis round trip, so the
+	// sequential cases time it call by call (see timeInterleaved).
+	roundTrip bool
 	make      func(c *redis.Client, l limits) (*instance, error)
 }
 
@@ -83,13 +86,13 @@ const (
 )
 
 var (
-	cPing = contender{name: "Redis PING (floor)", redis: true, kind: kindNone, coalesces: "no",
+	cPing = contender{name: "Redis PING (floor)", redis: true, roundTrip: true, kind: kindNone, coalesces: "no",
 		make: func(c *redis.Client, _ limits) (*instance, error) {
 			return plain(func(ctx context.Context, _ string) (bool, error) {
 				return true, c.Ping(ctx).Err()
 			})
 		}}
-	cWindow = contender{name: "window.Redis (ours)", redis: true, kind: kindWindow, coalesces: "yes: per key, one script call for every request queued behind a call in flight (pipelined across keys)",
+	cWindow = contender{name: "window.Redis (ours)", redis: true, roundTrip: true, kind: kindWindow, coalesces: "yes: per key, one script call for every request queued behind a call in flight (pipelined across keys)",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			w, err := window.NewRedis(c, throttle.Rate{Count: l.window, Per: l.per}, window.WithPrefix("bench:w:"))
 			if err != nil {
@@ -97,7 +100,7 @@ var (
 			}
 			return plain(decide(w))
 		}}
-	cBucket = contender{name: "bucket.Redis (ours)", redis: true, kind: kindBucket, coalesces: "yes: as window.Redis",
+	cBucket = contender{name: "bucket.Redis (ours)", redis: true, roundTrip: true, kind: kindBucket, coalesces: "yes: as window.Redis",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			// A long timeout: a loaded 2-core machine can stall one call
 			// beyond the default 50 ms; the per-call deadline is paid anyway.
@@ -124,12 +127,12 @@ var (
 				},
 			}, nil
 		}}
-	cPipeline = contender{name: "pipeline window (MULTI)", redis: true, kind: kindWindow, coalesces: "no",
+	cPipeline = contender{name: "pipeline window (MULTI)", redis: true, roundTrip: true, kind: kindWindow, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			p := &pipelineWindow{client: c, count: int64(l.window), per: l.per, prefix: "bench:p:", id: rand.Text() + ":"}
 			return plain(p.allow)
 		}}
-	cRedisRate = contender{name: "go-redis/redis_rate", redis: true, kind: kindGCRA, coalesces: "no",
+	cRedisRate = contender{name: "go-redis/redis_rate", redis: true, roundTrip: true, kind: kindGCRA, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			rl := redis_rate.NewLimiter(c)
 			lim := redis_rate.Limit{Rate: l.rate.Count, Burst: l.burst, Period: l.rate.Per}
@@ -141,7 +144,7 @@ var (
 				return res.Allowed > 0, nil
 			})
 		}}
-	cUlule = contender{name: "ulule/limiter (redis)", redis: true, kind: kindFixed, coalesces: "no",
+	cUlule = contender{name: "ulule/limiter (redis)", redis: true, roundTrip: true, kind: kindFixed, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			st, err := ulredis.NewStoreWithOptions(c, limiter.StoreOptions{Prefix: "bench:u", MaxRetry: limiter.DefaultMaxRetry})
 			if err != nil {
@@ -156,7 +159,7 @@ var (
 				return !lc.Reached, nil
 			})
 		}}
-	cThrottled = contender{name: "throttled (redis, GCRA)", redis: true, kind: kindGCRA, coalesces: "no",
+	cThrottled = contender{name: "throttled (redis, GCRA)", redis: true, roundTrip: true, kind: kindGCRA, coalesces: "no",
 		make: func(c *redis.Client, l limits) (*instance, error) {
 			st, err := goredisstore.NewCtx(c, "bench:t:")
 			if err != nil {
@@ -210,7 +213,7 @@ var (
 // cWindowAuto is window.Redis on go-redis's AutoPipeliner, which pipelines
 // concurrent commands of any kind: it saves round trips, not Redis's
 // per-script work, and is measured to see which wins.
-var cWindowAuto = contender{name: "window.Redis on go-redis AutoPipeliner", redis: true, kind: kindWindow,
+var cWindowAuto = contender{name: "window.Redis on go-redis AutoPipeliner", redis: true, roundTrip: true, kind: kindWindow,
 	coalesces: "yes, and go-redis pipelines the script calls of every goroutine (v9.23 AutoPipeline, experimental)",
 	make: func(c *redis.Client, l limits) (*instance, error) {
 		ap, err := c.AutoPipeline()

@@ -77,6 +77,11 @@ func main() {
 				results[ci][ki] = append(results[ci][ki], s)
 				fmt.Fprintf(os.Stderr, "round %d/%d  %-22s %-32s %12.0f ns/op\n", round+1, *rounds, bc.name, k.name, s.nsOp)
 			}
+			if !bc.parallel {
+				if err := retimeSequential(client, results[ci], bc, *benchtime); err != nil {
+					fatal(err)
+				}
+			}
 		}
 	}
 	_ = client.FlushAll(context.Background()).Err()

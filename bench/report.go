@@ -148,10 +148,15 @@ func index(k contender) int {
 // ratios returns, for every round, ns/op of a divided by ns/op of b in
 // the same round and case.
 func ratios(res [][]sample, a, b contender) []float64 {
+	return ratiosOf(res, a, b, func(s sample) float64 { return s.nsOp })
+}
+
+// ratiosOf is ratios of what f reads from each sample.
+func ratiosOf(res [][]sample, a, b contender, f func(sample) float64) []float64 {
 	ra, rb := res[index(a)], res[index(b)]
 	out := make([]float64, len(ra))
 	for i := range ra {
-		out[i] = ra[i].nsOp / rb[i].nsOp
+		out[i] = f(ra[i]) / f(rb[i])
 	}
 	return out
 }
@@ -231,6 +236,7 @@ func report(env environment, cases []benchCase, res [][][]sample, acc []accuracy
 	p("## Settings\n\n")
 	p("- Each measurement is one `testing.Benchmark` with `ReportAllocs` and a target of %v, on a fresh limiter over an emptied Redis (`FLUSHALL`), after a warm-up that touches every key.\n", env.benchtime)
 	p("- Order: within a round, every contender runs once per case; the order rotates from round to round.\n")
+	p("- Sequential cases: the ns/op of every contender whose each decision is a Redis round trip (%s) is timed call by call, with the calls interleaved: each step calls every one of them once, in an order that rotates from step to step, until each has had about %v of calls, on fresh limiters over an emptied Redis. A loopback round trip here varies several-fold from one moment to the next, and separate benchmarks meet different moments; interleaved, they meet the same ones. B/op and allocs/op, and the ns/op of the others, come from the separate benchmarks.\n", roundTripNames(), env.benchtime)
 	p("- Parallel cases: `RunParallel` with `SetParallelism(%d)`: %d goroutines on GOMAXPROCS %d. Many keys: %d keys, each goroutine walking them from its own offset.\n",
 		benchParallelism, benchParallelism*runtime.GOMAXPROCS(0), runtime.GOMAXPROCS(0), manyKeys)
 	p("- All Redis-backed contenders share one go-redis client (`ContextTimeoutEnabled: true`, which the Hybrid requires; default pool of 10×GOMAXPROCS).\n")
@@ -274,6 +280,33 @@ func report(env environment, cases []benchCase, res [][][]sample, acc []accuracy
 		p("\n")
 	}
 	p("\n✓ / ✗: the median meets / misses the DESIGN.md target in that case.\n\n")
+	p("The sequential ratios of contenders timed interleaved, from their separate benchmarks instead (the method of earlier runs), for comparison:\n\n")
+	p("| ratio |")
+	for _, bc := range cases {
+		if !bc.parallel {
+			p(" %s |", bc.name)
+		}
+	}
+	p("\n|---|")
+	for _, bc := range cases {
+		if !bc.parallel {
+			p("---|")
+		}
+	}
+	p("\n")
+	for _, h := range headlines {
+		if !h.a.roundTrip || !h.b.roundTrip {
+			continue
+		}
+		p("| %s |", h.what)
+		for ci, bc := range cases {
+			if !bc.parallel {
+				p(" %s |", summarize(ratiosOf(res[ci], h.a, h.b, func(s sample) float64 { return s.separateNsOp })))
+			}
+		}
+		p("\n")
+	}
+	p("\n")
 
 	p("## Throughput\n\n")
 	p("× PING: ns/op ÷ PING's ns/op in the same round and case (Redis-backed contenders only). × mutex: ns/op ÷ the mutex bucket's. ns/op, B/op and allocs/op: medians over the rounds. admitted: share of the measured calls admitted.\n\n")
@@ -387,4 +420,16 @@ func capitalize(s string) string {
 		return s
 	}
 	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// roundTripNames lists the contenders timed interleaved in the sequential
+// cases.
+func roundTripNames() string {
+	var names []string
+	for _, k := range throughputContenders {
+		if k.roundTrip {
+			names = append(names, k.name)
+		}
+	}
+	return strings.Join(names, ", ")
 }

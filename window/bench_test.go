@@ -115,6 +115,28 @@ func BenchmarkPipelineWindow(b *testing.B) {
 	})
 }
 
+// BenchmarkRedisSequential compares one decision at a time of
+// window.Redis with the pipeline window's and a PING, on one key,
+// interleaved (see benchtest.Interleaved): the "window/pipeline" metric is
+// the sequential ratio of issue 11.
+func BenchmarkRedisSequential(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &pipelineWindow{client: client, rate: benchRate, prefix: freshPrefix()}
+	if err := p.member.init(); err != nil {
+		b.Fatal(err)
+	}
+	benchtest.Interleaved(b, []benchtest.Op{
+		{Name: "window", Do: func() error { _, err := l.Allow(ctx, "one"); return err }},
+		{Name: "pipeline", Do: func() error { _, err := p.allow(ctx, "one"); return err }},
+		{Name: "ping", Do: func() error { return client.Ping(ctx).Err() }},
+	})
+}
+
 // BenchmarkRedisWindowID is BenchmarkRedisWindow with reservations on:
 // AllowID with a new id per call and a horizon of a minute (an admission
 // also looks the id up).

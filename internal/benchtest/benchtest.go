@@ -1,10 +1,12 @@
 // Package benchtest runs one operation as the pair of benchmarks every
 // limiter comparison in this module uses (sequential and parallel), and
-// bursts of concurrent decisions under CPU load (Bursts).
+// bursts of concurrent decisions under CPU load (Bursts), and sequential
+// operations against each other, call by call (Interleaved).
 package benchtest
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -118,4 +120,64 @@ func Batches(b *testing.B, keys []string, size int, decide func([]throttle.Reque
 		}
 	})
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*size), "ns/decision")
+}
+
+// Op is one operation of Interleaved.
+type Op struct {
+	Name string // in the reported units: no spaces
+	Do   func() error
+}
+
+// Interleaved benchmarks ops sequentially against each other (see
+// TimeInterleaved), one step per iteration. It reports each op's time per
+// call ("<name>-ns") and the first op's time over each other's
+// ("<first>/<name>", summed over the same steps). Meant for ops of a round
+// trip or more, where the clock reads around each call weigh nothing. An
+// error fails the benchmark.
+func Interleaved(b *testing.B, ops []Op) {
+	b.Helper()
+	do := make([]func() error, len(ops))
+	for i, op := range ops {
+		do[i] = op.Do
+	}
+	spent, steps, err := TimeInterleaved(do, func(int) bool { return b.Loop() })
+	if err != nil {
+		b.Fatalf("%s: %v", ops[err.Op].Name, err.Err)
+	}
+	for i, op := range ops {
+		b.ReportMetric(float64(spent[i].Nanoseconds())/float64(steps), op.Name+"-ns")
+		if i > 0 {
+			b.ReportMetric(float64(spent[0])/float64(spent[i]), ops[0].Name+"/"+op.Name)
+		}
+	}
+}
+
+// OpError is the error of op number Op of TimeInterleaved.
+type OpError struct {
+	Op  int
+	Err error
+}
+
+func (e *OpError) Error() string { return fmt.Sprintf("op %d: %v", e.Op, e.Err) }
+func (e *OpError) Unwrap() error { return e.Err }
+
+// TimeInterleaved calls every op once per step, in an order that rotates
+// from step to step, while more(step) is true, and times each call. It
+// returns the time each op took in all, and the steps run; it stops at
+// the first error. A loopback round trip on a shared machine varies
+// several-fold from one moment to the next, and separate benchmarks meet
+// different moments; interleaved, every op meets the same ones.
+func TimeInterleaved(ops []func() error, more func(step int) bool) (spent []time.Duration, steps int, err *OpError) {
+	spent = make([]time.Duration, len(ops))
+	for ; more(steps); steps++ {
+		for j := range ops {
+			i := (j + steps) % len(ops)
+			start := time.Now()
+			if err := ops[i](); err != nil {
+				return spent, steps, &OpError{Op: i, Err: err}
+			}
+			spent[i] += time.Since(start)
+		}
+	}
+	return spent, steps, nil
 }
