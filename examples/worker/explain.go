@@ -23,13 +23,23 @@ import (
 //   - f can lose r1's ack: on NATS, kill-worker of the process that ran r1,
 //     or restart-nats; on asynq, kill-redis or pause-redis (Redis is its
 //     broker);
-//   - r1's delivery was in the worker's hands when f came: received (NATS;
-//     asynq: started) before f (restart-nats: before the server was back,
-//     for it delivers while it shuts down), and f no later than the end
-//     of r1's work plus the time its ack may take (ackTimeout +
-//     explainSlack on NATS, where the handler waits for the confirmation;
-//     explainSlack on asynq, which writes the completion right after the
-//     handler returns);
+//   - on NATS, r1's delivery was in the worker's hands when f came:
+//     received before f (restart-nats: before the server was back, for it
+//     delivers while it shuts down), and f no later than the end of r1's
+//     work plus the time its ack may take (ackTimeout + explainSlack: the
+//     handler waits for the confirmation);
+//   - on asynq, r1's completion was written while Redis was out: asynq
+//     writes it right after the handler returns, so r1 ended from
+//     explainSlack before f to explainSlack after the recovery (asynq's
+//     go-redis pool may still fail to connect for a while after the
+//     server is back: its dial breaker probes once a second; seen up to
+//     0.5 s). When r1 started does not matter: a task dequeued before f
+//     may be admitted and run during the outage (the Hybrid decides
+//     locally), and one may even be dequeued after the recovery and
+//     complete while the pool still fails. asynq v0.26.0 never writes a
+//     lost completion again (its syncer retries with a context already
+//     cancelled), so the task stays active until the recoverer runs it
+//     again;
 //   - on NATS, the server had not confirmed r1's ack when r2's delivery
 //     reached the worker, or (restart-nats) confirmed it while it was
 //     coming back, from the fault to explainSlack after the recovery: the
@@ -37,14 +47,28 @@ import (
 //     confirmed then. Any other confirmed ack is never explained away;
 //   - r2 is a later delivery than r1 (when both counts are known): one
 //     delivery handled twice is the throttle's fault, not the broker's;
-//   - r2 started after f, and at most AckWait + the reservations horizon
-//   - explainSlack after the recovery from f: the redelivery comes after
-//     AckWait at the latest, and throttling may then hold it up to the
-//     horizon.
+//   - r2 started after f, and on NATS at most AckWait + the reservations
+//     horizon + explainSlack after the recovery from f: the redelivery
+//     comes after AckWait at the latest, and throttling may then hold it
+//     up to the horizon. On asynq, the redelivery is the recoverer's, at
+//     most asynqRecovery after r1 ended, and throttling may hold it up to
+//     the horizon as well: r2 started at most asynqRecovery + horizon +
+//     explainSlack after the end of r1.
 //
 // Each r1 explains at most its next run, so a fault never explains more
 // than one extra run per run it caught in flight.
 const explainSlack = 2 * time.Second
+
+// asynqRecovery bounds how long after its handler returned asynq runs again
+// a task whose completion a Redis fault lost (asynq v0.26.0): the task's
+// lease (rdb.LeaseDuration, 30 s, extended by the heartbeater only while
+// the handler runs) expires at most 30 s after the handler returned; the
+// recoverer takes only tasks whose lease expired at least 30 s ago
+// (recoverer.go) and looks once a minute (server.go); the retry it makes
+// is due at once (failureRetryDelay), and asynq moves it to pending within
+// asynqCheckInterval. In a run it comes at about t=120s: at t=60s the
+// leases of tasks dequeued after t=0.5s are not yet 30 s past.
+const asynqRecovery = 30*time.Second + 30*time.Second + time.Minute + time.Second
 
 // dupRuns are the extra runs (all but the first) of one job, split.
 type dupRuns struct{ explained, unexplained int }
@@ -89,9 +113,6 @@ func explainedBy(r1, r2 handled, faults []faultMark, start time.Time, c consumer
 	if r2.Received != 0 {
 		got2 = min(r2.Received, r2.At)
 	}
-	// On NATS, r1's ack is in doubt if it was never confirmed, or not
-	// before r2's delivery arrived.
-	ackInDoubt := c != consumerNATS || r1.AckAt == 0 || r1.AckAt > got2
 	if r1.Delivery != 0 && r2.Delivery != 0 && r2.Delivery <= r1.Delivery {
 		return false
 	}
@@ -101,15 +122,33 @@ func explainedBy(r1, r2 handled, faults []faultMark, start time.Time, c consumer
 		got1 = min(r1.Received, r1.At)
 	}
 	got1At, end1, start2 := at(got1), at(max(r1.End, r1.At)), at(r2.At)
+	if c == consumerAsynq {
+		// asynq: r1's completion was written while Redis was out, and r2
+		// is the recoverer's run of the task it left active.
+		for _, f := range faults {
+			if f.Kind != faultKillRedis && f.Kind != faultPauseRedis {
+				continue
+			}
+			lost := end1 >= f.At-explainSlack && end1 <= max(f.Until, f.At)+explainSlack
+			if lost && start2 > f.At && start2 > end1 && start2 <= end1+asynqRecovery+horizon+explainSlack {
+				return true
+			}
+		}
+		return false
+	}
+	if c != consumerNATS {
+		return false
+	}
+	// On NATS, r1's ack is in doubt if it was never confirmed, or not
+	// before r2's delivery arrived.
+	ackInDoubt := r1.AckAt == 0 || r1.AckAt > got2
 	redelivery := consumerConfig().AckWait + horizon + explainSlack
 	for _, f := range faults {
 		var inFlight time.Duration // how long after r1's work f could still lose its ack
 		switch {
-		case c == consumerNATS && f.Kind == faultKillWorker && f.Proc == r1.Proc && r1.Proc != 0,
-			c == consumerNATS && f.Kind == faultRestartNATS:
+		case f.Kind == faultKillWorker && f.Proc == r1.Proc && r1.Proc != 0,
+			f.Kind == faultRestartNATS:
 			inFlight = ackTimeout + explainSlack
-		case c == consumerAsynq && (f.Kind == faultKillRedis || f.Kind == faultPauseRedis):
-			inFlight = explainSlack
 		default:
 			continue
 		}

@@ -84,6 +84,7 @@ func TestExplainDuplicates(t *testing.T) {
 	}
 	kill := faultMark{Kind: faultKillWorker, Proc: 2, At: 5 * time.Second, Until: 6 * time.Second}
 	restart := faultMark{Kind: faultRestartNATS, At: 5 * time.Second, Until: 6 * time.Second}
+	redisKill := faultMark{Kind: faultKillRedis, At: 5 * time.Second, Until: 7 * time.Second}
 	tests := []struct {
 		name      string
 		runs      []handled
@@ -107,6 +108,16 @@ func TestExplainDuplicates(t *testing.T) {
 		{name: "redis fault does not explain NATS", runs: []handled{run(2, 1, 4.9, 0), run(1, 2, 10, 10.1)}, faults: []faultMark{{Kind: faultKillRedis, At: 5 * time.Second, Until: 7 * time.Second}}},
 		{name: "asynq, redis killed as the task completed", runs: []handled{run(0, 1, 4.9, 0), run(0, 2, 40, 0)}, faults: []faultMark{{Kind: faultKillRedis, At: 5 * time.Second, Until: 7 * time.Second}}, c: consumerAsynq, explained: true},
 		{name: "asynq, NATS restart does not explain", runs: []handled{run(0, 1, 4.9, 0), run(0, 2, 10, 0)}, faults: []faultMark{restart}, c: consumerAsynq},
+		// asynq's recoverer runs a task left active about two minutes
+		// later (lease 30 s, cutoff 30 s, every minute): t=120s in a run.
+		{name: "asynq, run while redis was down, recovered at t=120s", runs: []handled{run(0, 1, 6, 0), run(0, 2, 120.3, 0)}, faults: []faultMark{redisKill}, c: consumerAsynq, explained: true},
+		{name: "asynq, completed as asynq's client reconnected", runs: []handled{run(0, 1, 7.5, 0), run(0, 2, 120.3, 0)}, faults: []faultMark{redisKill}, c: consumerAsynq, explained: true},
+		{name: "asynq, run while redis was paused", runs: []handled{run(0, 1, 6, 0), run(0, 2, 120.3, 0)}, faults: []faultMark{{Kind: faultPauseRedis, At: 5 * time.Second, Until: 8 * time.Second}}, c: consumerAsynq, explained: true},
+		{name: "asynq, completed long after the recovery", runs: []handled{run(0, 1, 12, 0), run(0, 2, 120.3, 0)}, faults: []faultMark{redisKill}, c: consumerAsynq},
+		{name: "asynq, completed long before the fault", runs: []handled{run(0, 1, 1, 0), run(0, 2, 120.3, 0)}, faults: []faultMark{redisKill}, c: consumerAsynq},
+		{name: "asynq, recovered too late", runs: []handled{run(0, 1, 6, 0), run(0, 2, 190, 0)}, faults: []faultMark{redisKill}, c: consumerAsynq},
+		{name: "asynq, the same delivery twice", runs: []handled{run(0, 1, 6, 0), run(0, 1, 120.3, 0)}, faults: []faultMark{redisKill}, c: consumerAsynq},
+		{name: "asynq, second run before the fault", runs: []handled{run(0, 1, 4, 0), run(0, 2, 4.5, 0)}, faults: []faultMark{redisKill}, c: consumerAsynq},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -340,6 +340,16 @@ func watchMaxDeliveries(nc *nats.Conn, rec *recorder, cl *closers) error {
 	return nil
 }
 
+// natsConcurrency is how many messages the NATS handler decides and
+// handles at once, and how many the client buffers behind them
+// (PullMaxMessages; the default, 500, would hold a backlog of 500
+// messages whose AckWait runs while they wait: with -work 1s and 16 at
+// once, 30 s, and the server redelivers them while the stale copies are
+// still buffered, to be handled twice). With at most as many buffered as
+// in flight, a message waits at most two -work durations for its
+// decision, and -work is below half the AckWait (checkWork).
+const natsConcurrency = 16
+
 // consume runs w's handler, gated by gate and, when not nil, by the
 // in-flight limit inf, on cons. The returned function stops pulling, then
 // waits for the messages the throttle holds; it is safe to call more than
@@ -352,7 +362,7 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlight
 		// Decisions are Redis round trips with -redis: 16 at once keep up
 		// with a burst of thousands, so the slots of messages that come
 		// back meanwhile are claimed on time.
-		natsthrottle.WithConcurrency(16),
+		natsthrottle.WithConcurrency(natsConcurrency),
 		// At most -inflight handlers of a tenant at once (nil: no limit).
 		natsthrottle.WithInFlight(inf, inFlightLease),
 		natsthrottle.WithTracerProvider(tp),
@@ -366,7 +376,7 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlight
 		w.receivedNow(m)
 		tenant, _ := tenantOf(m.Subject())
 		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved})
-	})
+	}, jetstream.PullMaxMessages(natsConcurrency))
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
 	}
