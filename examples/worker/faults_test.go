@@ -227,3 +227,16 @@ func TestRecoveredComesBackAtOnce(t *testing.T) {
 		t.Errorf("delay after a handler failure = %v, want asynq's backoff (15 s or more)", d)
 	}
 }
+
+// TestReportExplainsAsynqFailed: an asynq table with failed attempts says
+// what asynq counts as failed, and one without says nothing of it.
+func TestReportExplainsAsynqFailed(t *testing.T) {
+	for _, failed := range []int{0, 15} {
+		rep := report{Consumer: consumerAsynq, Failed: failed, MaxRetry: 2}
+		var b strings.Builder
+		rep.printTable(&b, "")
+		if got := strings.Contains(b.String(), "a lease that expired"); got != (failed > 0) {
+			t.Errorf("%d failed: explanation shown %v, want %v; table:\n%s", failed, got, failed > 0, b.String())
+		}
+	}
+}

@@ -635,6 +635,9 @@ func (rep report) printTable(w io.Writer, heading string) {
 		}
 		fmt.Fprintf(w, "asynq: %s archived, %d failed; at most %d rejections of one task, with MaxRetry %d\n",
 			archived, rep.Failed, rep.MostRejections, rep.MaxRetry)
+		if rep.Failed > 0 {
+			fmt.Fprintln(w, "(failed: attempts asynq counted as failures: a handler's error, or a lease that expired, as when a Redis fault lost a run's completion and asynq's recoverer ran the task again; rejections are not counted)")
+		}
 	}
 }
 
