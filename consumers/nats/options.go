@@ -317,7 +317,10 @@ func WithMaxWait(d time.Duration) Option {
 // back meanwhile are then claimed late; 8 to 32 keeps up. The wrapped
 // handler must be safe for concurrent use either way (see the package
 // documentation); messages are decided in about the order they arrive,
-// not strictly. n must be >= 1.
+// not strictly. Consume with jetstream.PullMaxMessages(n) or so: the
+// messages the client buffers behind the n wait with their AckWait
+// running, and a slow handler would let it pass (see Concurrency in the
+// package documentation). n must be >= 1.
 func WithConcurrency(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 1 {
