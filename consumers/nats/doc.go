@@ -55,7 +55,9 @@
 //     the slots after it. On the redelivery the message is admitted on
 //     its reservation. A delivery is never kept in process for more than
 //     half its AckWait: a message whose slot keeps moving goes back to the
-//     server instead. When the server delivers the message again while a
+//     server instead. A wait restarts the message's AckWait as it starts
+//     (InProgress), since the time the message sat in the client's
+//     buffer before Handle is not known. When the server delivers the message again while a
 //     delivery of it waits here (a restarted server redelivers what it had
 //     pending), only the newest delivery runs the wrapped handler: the
 //     earlier one is dropped when its wait ends or, if the newer one

@@ -329,11 +329,17 @@ func (h *Handler) startWait(r *request, d time.Duration) bool {
 }
 
 // wait sleeps until r's reserved slot, a few milliseconds ahead, and
-// decides again; Close cutting it short NAKs the message to its slot.
+// decides again; Close cutting it short NAKs the message to its slot. The
+// message's AckWait restarts as the wait starts (InProgress).
 func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.Duration) {
 	defer h.wg.Done()
 	defer h.waiting.Add(-1)
 	span.SetAttributes(WaitedAttr.Bool(true))
+	// Its AckWait restarts now: how long it sat in the client's buffer
+	// before Handle is not known here, and that, the wait and the wrapped
+	// handler's run must not add up to a redelivery. (If this fails the
+	// connection is down, and so will be what follows: reported there.)
+	_ = r.msg.InProgress()
 	timer := time.NewTimer(d)
 	start := time.Now()
 	select {

@@ -291,3 +291,66 @@ func TestSupersededDeliveryNotRun(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitRestartsAckWait: a message that reaches Handle late (it sat in
+// the client's buffer behind others) and then waits in process for its
+// slot restarts its AckWait as the wait starts (InProgress), so that the
+// buffer, the wait and the handler together may outlast one AckWait
+// without a redelivery. Here: AckWait 1 s, 450 ms in the buffer, a slot
+// about 250 ms ahead, a 500 ms handler: the ack comes 1.2 s after the
+// delivery, and the message is still delivered once.
+func TestWaitRestartsAckWait(t *testing.T) {
+	e := newEnv(t)
+	cfg := jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: time.Second}
+	c := e.consumer(t, cfg)
+	mem, err := window.NewMemory(throttle.Rate{Count: 1, Per: 700 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := throttle.NewGate(mem, throttle.WithReservations(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, "jobs.k", "first", nil)
+	slow := e.publish(t, "jobs.k", "slow", nil)
+	rec := newRecorder()
+	var reported errs
+	h := newHandler(t, func(m jetstream.Msg) {
+		if md, err := m.Metadata(); err == nil && md.Sequence.Stream == slow {
+			time.Sleep(500 * time.Millisecond)
+		}
+		rec.handle(m)
+	}, g, WithErrorHandler(reported.handle), WithConsumerConfig(cfg), WithMaxWait(400*time.Millisecond))
+	var mu sync.Mutex
+	deliveries := map[uint64]uint64{} // stream sequence -> highest NumDelivered seen
+	consume(t, c, func(m jetstream.Msg) {
+		md, err := m.Metadata()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		deliveries[md.Sequence.Stream] = max(deliveries[md.Sequence.Stream], md.NumDelivered)
+		mu.Unlock()
+		if md.Sequence.Stream == slow && md.NumDelivered == 1 {
+			time.Sleep(450 * time.Millisecond) // as if buffered behind others
+		}
+		h.Handle(m)
+	})
+	waitFor(t, 5*time.Second, "both messages handled", func() bool { return rec.len() >= 2 })
+	time.Sleep(time.Second) // room for a redelivery to show up
+	mu.Lock()
+	defer mu.Unlock()
+	if n := deliveries[slow]; n != 1 {
+		t.Errorf("the slow message was delivered %d times, want once: its wait did not restart its AckWait", n)
+	}
+	if n := rec.len(); n != 2 {
+		t.Errorf("%d runs, want 2", n)
+	}
+	if h.Waiting() != 0 {
+		t.Errorf("Waiting() = %d, want 0", h.Waiting())
+	}
+	if errs := reported.all(); len(errs) > 0 {
+		t.Errorf("error handler got %d errors, first %v", len(errs), errs[0])
+	}
+}

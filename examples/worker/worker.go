@@ -346,8 +346,8 @@ func watchMaxDeliveries(nc *nats.Conn, rec *recorder, cl *closers) error {
 // messages whose AckWait runs while they wait: with -work 1s and 16 at
 // once, 30 s, and the server redelivers them while the stale copies are
 // still buffered, to be handled twice). With at most as many buffered as
-// in flight, a message waits at most two -work durations for its
-// decision, and -work is below half the AckWait (checkWork).
+// in flight, a message waits about a -work for its decision, and a wait
+// for its slot restarts its AckWait (natsthrottle sends InProgress).
 const natsConcurrency = 16
 
 // consume runs w's handler, gated by gate and, when not nil, by the
@@ -372,10 +372,11 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlight
 	if err != nil {
 		return nil, err
 	}
+	maxDeliver := cons.CachedInfo().Config.MaxDeliver
 	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
 		w.receivedNow(m)
 		tenant, _ := tenantOf(m.Subject())
-		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved})
+		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved, maxDeliver: maxDeliver})
 	}, jetstream.PullMaxMessages(natsConcurrency))
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
@@ -803,14 +804,15 @@ func retryLine(out io.Writer, what string) func(int, error) {
 }
 
 // observedMsg counts, per tenant, the NAKs and Terms the throttle sends and
-// the messages it holds (sends InProgress for), with their instants; a
-// NAK is marked reserved when the rejection before it reserved the
-// message's slot (reserved, filled by the tenantLimiter).
+// the messages it holds (keeps with InProgress on their last delivery),
+// with their instants; a NAK is marked reserved when the rejection before
+// it reserved the message's slot (reserved, filled by the tenantLimiter).
 type observedMsg struct {
 	jetstream.Msg
-	rec      events
-	tenant   string
-	reserved *reservedIDs
+	rec        events
+	tenant     string
+	reserved   *reservedIDs
+	maxDeliver int // the consumer's MaxDeliver (<= 0: none, so no holds)
 }
 
 func (m observedMsg) Nak() error {
@@ -840,11 +842,16 @@ func (m observedMsg) wasReserved() bool {
 	return m.reserved.take(md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10))
 }
 
+// InProgress counts a hold when the message is on its last delivery: the
+// throttle also restarts the AckWait of a delivery as it starts waiting in
+// process for its near slot.
 func (m observedMsg) InProgress() error {
 	err := m.Msg.InProgress()
-	if md, merr := m.Metadata(); err == nil && merr == nil {
-		m.rec.hold(m.tenant, md.Sequence.Stream, time.Now())
+	md, merr := m.Metadata()
+	if err != nil || merr != nil || m.maxDeliver <= 0 || md.NumDelivered < uint64(m.maxDeliver) {
+		return err
 	}
+	m.rec.hold(m.tenant, md.Sequence.Stream, time.Now())
 	return err
 }
 
