@@ -235,7 +235,7 @@ func TestSummary(t *testing.T) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
 		}
 	}
-	if last := lastLine(out); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 4 not handled: 1 lost (terminated, or dropped at MaxDeliver), 0 never handled (a3), 1 handled more than once (a2 x2 at stream seq [2 2])") {
+	if last := lastLine(out); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 4 not handled (a3): 1 lost (terminated, or dropped at MaxDeliver), 0 never handled, 1 handled more than once (a2 x2 at stream seq [2 2])") {
 		t.Errorf("last line = %q", last)
 	}
 }
@@ -357,7 +357,8 @@ func TestRunErrors(t *testing.T) {
 		{name: "bad limiter", mod: func(c *config) { c.JobsPath = good; c.Limiter = "gcra" }, wantErr: "-limiter"},
 		{name: "burst with window", mod: func(c *config) { c.JobsPath = good; c.Burst = 3 }, wantErr: "-burst"},
 		{name: "instances without redis", mod: func(c *config) { c.JobsPath = good; c.Instances = 3 }, wantErr: "-instances 3 needs -redis URL"},
-		{name: "zero instances", mod: func(c *config) { c.JobsPath = good; c.Instances = 0 }, wantErr: "-instances: must be >= 1"},
+		{name: "zero instances", mod: func(c *config) { c.JobsPath = good; c.Instances = 0 }, wantErr: "-instances: must be from 1 to 64"},
+		{name: "too many instances", mod: func(c *config) { c.JobsPath = good; c.Instances = 100000; c.RedisURL = redisLocal }, wantErr: "-instances: must be from 1 to 64 (each is a worker process), got 100000"},
 		{name: "negative burst", mod: func(c *config) { c.JobsPath = good; c.Limiter = "bucket"; c.Burst = -1 }, wantErr: "-burst"},
 	}
 	for _, tt := range tests {
@@ -720,7 +721,7 @@ func TestRunNeverAdmissible(t *testing.T) {
 	if !strings.Contains(out.String(), "throttle error: jobs.big:") {
 		t.Error("the termination is not reported")
 	}
-	if last := lastLine(out.String()); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 2 not handled: 1 lost (terminated, or dropped at MaxDeliver), 0 never handled (huge-1)") {
+	if last := lastLine(out.String()); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 2 not handled (huge-1): 1 lost (terminated, or dropped at MaxDeliver), 0 never handled") {
 		t.Errorf("last line %q does not call the terminated job lost", last)
 	}
 }

@@ -683,13 +683,13 @@ func (rep report) failures() string {
 	if lost > 0 {
 		// Lost jobs are unhandled too, but the broker gave up on them: the
 		// rest were still waiting when the run ended.
-		fmt.Fprintf(&b, "%d of %d not handled: %d lost (terminated, or dropped at MaxDeliver), %d never handled",
-			len(rep.Missing), rep.Jobs, lost, max(len(rep.Missing)-lost, 0))
+		fmt.Fprintf(&b, "%d of %d not handled (%s): %d lost (terminated, or dropped at MaxDeliver), %d never handled",
+			len(rep.Missing), rep.Jobs, sample(rep.Missing), lost, max(len(rep.Missing)-lost, 0))
 	} else {
 		fmt.Fprintf(&b, "%d of %d never handled", len(rep.Missing), rep.Jobs)
-	}
-	if len(rep.Missing) > 0 {
-		b.WriteString(" (" + sample(rep.Missing) + ")")
+		if len(rep.Missing) > 0 {
+			b.WriteString(" (" + sample(rep.Missing) + ")")
+		}
 	}
 	fmt.Fprintf(&b, ", %d handled more than once", len(rep.Duplicates))
 	if len(rep.Duplicates) > 0 {

@@ -93,8 +93,8 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if cfg.InFlight < 0 {
 		return report{}, fmt.Errorf("-inflight: must be >= 0, got %d", cfg.InFlight)
 	}
-	if cfg.Instances < 1 {
-		return report{}, fmt.Errorf("-instances: must be >= 1, got %d", cfg.Instances)
+	if cfg.Instances < 1 || cfg.Instances > maxInstances {
+		return report{}, fmt.Errorf("-instances: must be from 1 to %d (each is a worker process), got %d", maxInstances, cfg.Instances)
 	}
 	fs := faultSetup{}
 	if fs.kinds, err = parseFaults(cfg.Faults); err != nil {
@@ -339,6 +339,10 @@ func watchMaxDeliveries(nc *nats.Conn, rec *recorder, cl *closers) error {
 	cl.add(func() { advSub.Unsubscribe() })
 	return nil
 }
+
+// maxInstances bounds -instances: each is a process of its own, and a
+// typo (100000) would start processes until the machine gave out.
+const maxInstances = 64
 
 // natsConcurrency is how many messages the NATS handler decides and
 // handles at once, and how many the client buffers behind them
