@@ -652,7 +652,7 @@ func (rep report) verdict() string {
 		case rep.ExactlyOnce():
 			return fmt.Sprintf("OK: all %d jobs handled exactly once%s in %.1fs", rep.Jobs, by, rep.Elapsed.Seconds())
 		case rep.NoneLost():
-			return fmt.Sprintf("OK: all %d jobs handled%s in %.1fs, none lost; %s handled again after a fault that lost its ack (explained), none otherwise",
+			return fmt.Sprintf("OK: all %d jobs handled%s in %.1fs, none lost; %s handled again after a fault (explained: the broker redelivered them), none otherwise",
 				rep.Jobs, by, rep.Elapsed.Seconds(), plural(len(rep.Explained), "job"))
 		}
 		return "FAIL: not every job handled exactly once: " + rep.failures()
@@ -663,7 +663,7 @@ func (rep report) verdict() string {
 		return fmt.Sprintf("OK: all %d jobs handled exactly once on NATS and on asynq, 0 archived, in %.1fs", rep.Jobs, elapsed.Seconds())
 	}
 	if rep.NoneLost() && a.NoneLost() && a.Archived == 0 {
-		return fmt.Sprintf("OK: all %d jobs handled on NATS and on asynq, none lost, 0 archived, in %.1fs; handled again after a fault that lost its ack (explained), none otherwise: %d on NATS, %d on asynq",
+		return fmt.Sprintf("OK: all %d jobs handled on NATS and on asynq, none lost, 0 archived, in %.1fs; handled again after a fault (explained: the broker redelivered them), none otherwise: %d on NATS, %d on asynq",
 			rep.Jobs, elapsed.Seconds(), len(rep.Explained), len(a.Explained))
 	}
 	archived := strconv.Itoa(a.Archived)
