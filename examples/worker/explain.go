@@ -45,12 +45,12 @@ import (
 //     coming back, from the fault to explainSlack after the recovery: the
 //     restarted server was seen to redeliver messages whose ack it had
 //     confirmed then. Any other confirmed ack is never explained away;
-//   - or (restart-nats) r1 was itself a redelivery (not its first
-//     delivery) that reached the worker from the fault to explainSlack
-//     after the recovery: the restarted server redelivers what it had
-//     pending from a consumer state that may be behind, and was seen to
-//     deliver such a message again 0.07 to 2 s later, with no NAK
-//     between, whatever became of r1's ack;
+//   - or (restart-nats) r1's delivery reached the worker from the fault
+//     to explainSlack after the recovery: the restarted server's consumer
+//     state may be behind, and it was seen to deliver such a message
+//     again 0.07 to 2 s later (a redelivery of what it had pending, or a
+//     message it delivered for the first time as it came back), the
+//     throttle sending nothing between, whatever became of r1's ack;
 //   - r2 is a later delivery than r1 (when both counts are known): one
 //     delivery handled twice is the throttle's fault, not the broker's;
 //   - r2 started after f, and on NATS at most AckWait + the reservations
@@ -161,11 +161,11 @@ func explainedBy(r1, r2 handled, faults []faultMark, start time.Time, c consumer
 		// A server restarting from its store may lose even an ack it
 		// confirmed while it came back.
 		lostInRestart := f.Kind == faultRestartNATS && r1.AckAt != 0 && at(r1.AckAt) >= f.At && at(r1.AckAt) <= f.Until+explainSlack
-		// And it redelivers what it had pending from a consumer state that
-		// may be behind: a message it delivers again as it comes back may
-		// be delivered once more soon after, whatever became of the ack
-		// (seen 0.07 to 2 s apart, no NAK between them).
-		if f.Kind == faultRestartNATS && r1.Delivery > 1 && got1At >= f.At && got1At <= f.Until+explainSlack &&
+		// And as it comes back its consumer state may be behind: a message
+		// it delivers then (again, or for the first time) may be delivered
+		// once more soon after, whatever became of the ack (seen 0.07 to
+		// 2 s apart, the throttle sending nothing between them).
+		if f.Kind == faultRestartNATS && got1At >= f.At && got1At <= f.Until+explainSlack &&
 			start2 > got1At && start2 <= max(f.Until, f.At)+redelivery {
 			return true
 		}

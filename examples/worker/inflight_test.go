@@ -118,17 +118,18 @@ func TestRunInFlight(t *testing.T) {
 }
 
 // TestRunSlowHandlers runs the default jobs on three worker processes with
-// a handler that takes 2.4 s, just below half the AckWait of 5 s: a
-// message waits in the client's buffer behind the 16 in flight, then
-// perhaps in process for its slot, then runs; only the InProgress the
-// throttle sends as a wait starts keeps the server from redelivering it
-// meanwhile. Without it 5 to 12 of the 368 jobs were handled twice.
+// the slowest handler -work allows (1.2 s, below a quarter of the AckWait
+// of 5 s): a message waits in the client's buffer behind the 16 in
+// flight, then perhaps in process for its slot (which restarts its
+// AckWait), then runs, and is still handled once. (At 2.4 s, before
+// waits restarted the AckWait, 5 to 12 of the 368 jobs were handled
+// twice.)
 func TestRunSlowHandlers(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.JobsPath = "../../testdata/jobs.jsonl"
 	cfg.Instances = 3
 	cfg.RedisURL = "redis://" + redistest.Start(t).Addr() + "/0"
-	cfg.Work = 2400 * time.Millisecond
+	cfg.Work = 1200 * time.Millisecond
 	rep, out := mustWork(t, cfg)
 	if !rep.ExactlyOnce() {
 		t.Errorf("not every job handled exactly once:\n%s", out)

@@ -242,7 +242,7 @@ func main() {
 	flag.StringVar(&cfg.Plot, "plot", "", "draw the run per tenant (admissions per 100 ms against the limit, NAKs, reservations, holds, faults) to `FILE`.svg or FILE.html")
 	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
 	flag.IntVar(&cfg.InFlight, "inflight", 0, "at most `N` handlers of a tenant at once, across every worker process (in Redis with -redis; 0: no limit)")
-	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks")
+	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks (below a quarter of the consumer's AckWait of 5s)")
 	flag.StringVar(&cfg.Faults, "faults", "", "inject these faults during the run, one after the other: a comma-separated `list` of kill-redis (SIGKILL, restart on the same port 2s later) and pause-redis (SIGSTOP for 3s), which need -redis local; kill-worker (SIGKILL one worker process, a replacement starts), which needs -instances 2 or more; restart-nats (shut the embedded nats-server down and start it again on the same store)")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
