@@ -237,7 +237,13 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 
 	// Above: admissions against the limit.
 	up := plot.New()
-	up.Title.Text = fmt.Sprintf("%s: limit %v (%d cost units in any %v)", name, t.Rate, t.Rate.Count, t.Rate.Per)
+	// A bucket may admit more than its rate's count in one window: the
+	// title gives the bound the run is checked against.
+	bound := "limit"
+	if t.Bound != t.Rate.Count {
+		bound = "bound"
+	}
+	up.Title.Text = fmt.Sprintf("%s: rate %v (%s %d cost units in any %v)", name, t.Rate, bound, t.Bound, t.Rate.Per)
 	up.Title.TextStyle.Font.Size = 13
 	up.Y.Label.Text = "cost units"
 	up.X.Min, up.X.Max = 0, xmax

@@ -77,7 +77,7 @@ func TestPlotSVG(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(svgTexts(t, doc), "\n")
-	for _, want := range []string{"a test run", "acme: limit 5/1s", "globex: limit 20/1s", "redis-down", "fault injected",
+	for _, want := range []string{"a test run", "acme: rate 5/1s (bound 10 cost units in any 1s)", "globex: rate 20/1s (limit 20 cost units in any 1s)", "redis-down", "fault injected",
 		"admitted per 100 ms", "admitted in the last 1s", "limit 5", "bucket bound 10", "NAKs/rejections per 100 ms",
 		"that reserved a slot", "held on last delivery", "cost units", "time since the start of the run (s)"} {
 		if !strings.Contains(all, want) {
@@ -182,7 +182,7 @@ func TestRunPlot(t *testing.T) {
 			}
 			all := strings.Join(svgTexts(t, doc), "\n")
 			for _, tenant := range []string{"burst", "light"} {
-				if !strings.Contains(all, tenant+": limit") {
+				if !strings.Contains(all, tenant+": rate") {
 					t.Errorf("the plot does not name tenant %s", tenant)
 				}
 			}

@@ -40,7 +40,7 @@ type (
 		Lost                int     `json:"lost"`          // terminated, or dropped at MaxDeliver
 		Naks                int     `json:"naks"`          // NAKs (NATS) or rejections returned to asynq
 		Reserved            int     `json:"reserved"`      // of the NAKs, those whose decision reserved the message's own slot
-		MustWait            int     `json:"must_wait"`     // jobs that cannot start on arrival: the fewest NAKs possible
+		MustWait            int     `json:"must_wait"`     // jobs that cannot start on arrival: each NAKed or waiting in process
 		Holds               int     `json:"holds"`         // messages held on their last delivery
 		MaxInWindow         int     `json:"max_in_window"` // most cost units admitted in any window of the limit's period
 		Bound               int     `json:"bound"`         // the most the limiter may admit in such a window

@@ -357,7 +357,7 @@ type tenantReport struct {
 	BoundText   string // how Bound is made up, e.g. "limit 20" or "bound 40 = burst 20 + refill 20"
 	Twice       int    // jobs handled more than once, not all of it explained by the faults (see explainDuplicates)
 	Explained   int    // jobs handled more than once, every extra run explained by a fault
-	MustWait    int    // jobs that cannot start on arrival (see mustWait): the fewest NAKs possible
+	MustWait    int    // jobs that cannot start on arrival (see mustWait): each NAKed or waiting in process
 	// WaitP50 and WaitP99 are percentiles of the time from a job's
 	// arrival to its handler's (first) start.
 	WaitP50, WaitP99 time.Duration
