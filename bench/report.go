@@ -281,28 +281,22 @@ func report(env environment, cases []benchCase, res [][][]sample, acc []accuracy
 	}
 	p("\n✓ / ✗: the median meets / misses the DESIGN.md target in that case.\n\n")
 	p("The sequential ratios of contenders timed interleaved, from their separate benchmarks instead (the method of earlier runs), for comparison:\n\n")
+	var sequential []int // the cases timed interleaved
 	p("| ratio |")
-	for _, bc := range cases {
+	for ci, bc := range cases {
 		if !bc.parallel {
+			sequential = append(sequential, ci)
 			p(" %s |", bc.name)
 		}
 	}
-	p("\n|---|")
-	for _, bc := range cases {
-		if !bc.parallel {
-			p("---|")
-		}
-	}
-	p("\n")
+	p("\n|---|%s\n", strings.Repeat("---|", len(sequential)))
 	for _, h := range headlines {
 		if !h.a.roundTrip || !h.b.roundTrip {
 			continue
 		}
 		p("| %s |", h.what)
-		for ci, bc := range cases {
-			if !bc.parallel {
-				p(" %s |", summarize(ratiosOf(res[ci], h.a, h.b, func(s sample) float64 { return s.separateNsOp })))
-			}
+		for _, ci := range sequential {
+			p(" %s |", summarize(ratiosOf(res[ci], h.a, h.b, func(s sample) float64 { return s.separateNsOp })))
 		}
 		p("\n")
 	}

@@ -158,24 +158,18 @@ func explainedBy(r1, r2 handled, faults []faultMark, start time.Time, c consumer
 		default:
 			continue
 		}
-		// A server restarting from its store may lose even an ack it
-		// confirmed while it came back.
-		lostInRestart := f.Kind == faultRestartNATS && r1.AckAt != 0 && at(r1.AckAt) >= f.At && at(r1.AckAt) <= f.Until+explainSlack
-		// And as it comes back its consumer state may be behind: a message
-		// it delivers then (again, or for the first time) may be delivered
-		// once more soon after, whatever became of the ack (seen 0.07 to
-		// 2 s apart, the throttle sending nothing between them).
-		if f.Kind == faultRestartNATS && got1At >= f.At && got1At <= f.Until+explainSlack &&
-			start2 > got1At && start2 <= max(f.Until, f.At)+redelivery {
+		redelivered := start2 > f.At && start2 <= max(f.Until, f.At)+redelivery
+		// A restarting server still delivers while it shuts down, after f
+		// was marked, and as it comes back its consumer state may be
+		// behind: a message it delivers then (again, or for the first time)
+		// may be delivered once more soon after, whatever became of the ack
+		// (seen 0.07 to 2 s apart, the throttle sending nothing between).
+		if f.Kind == faultRestartNATS && got1At >= f.At && got1At <= f.Until+explainSlack && start2 > got1At && redelivered {
 			return true
 		}
-		if !ackInDoubt && !lostInRestart {
-			continue
-		}
-		// A restarting server still delivers while it shuts down, after f
-		// was marked: such a delivery's ack is lost with it.
-		caught := got1At < f.At || f.Kind == faultRestartNATS && got1At < f.Until
-		if caught && f.At <= end1+inFlight && start2 > f.At && start2 <= max(f.Until, f.At)+redelivery {
+		// It may also lose an ack it confirmed while it came back.
+		lostInRestart := f.Kind == faultRestartNATS && r1.AckAt != 0 && at(r1.AckAt) >= f.At && at(r1.AckAt) <= f.Until+explainSlack
+		if (ackInDoubt || lostInRestart) && got1At < f.At && f.At <= end1+inFlight && redelivered {
 			return true
 		}
 	}
