@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,6 +53,10 @@ type sample struct {
 	n                   int
 	calls, denied, errs int64
 	redisShare          float64 // share of decisions that needed a Redis call; -1: not known
+	// redisCPU is the CPU time redis-server spent per decision, µs (user
+	// and system, from INFO cpu, over every call of the benchmark); -1
+	// for contenders without Redis.
+	redisCPU float64
 }
 
 // measure runs one contender in one case with testing.Benchmark on a fresh
@@ -86,6 +91,10 @@ func measure(c *redis.Client, k contender, bc benchCase) (sample, error) {
 			denied.Add(1)
 		}
 	}
+	cpu0, err := serverCPU(c)
+	if err != nil {
+		return sample{}, err
+	}
 	keys := bc.keys
 	res := testing.Benchmark(func(b *testing.B) {
 		b.ReportAllocs()
@@ -117,6 +126,14 @@ func measure(c *redis.Client, k contender, bc benchCase) (sample, error) {
 	if res.N == 0 {
 		return sample{}, fmt.Errorf("%s / %s: benchmark failed", k.name, bc.name)
 	}
+	redisCPU := -1.0
+	if k.redis {
+		cpu1, err := serverCPU(c)
+		if err != nil {
+			return sample{}, err
+		}
+		redisCPU = (cpu1 - cpu0).Seconds() * 1e6 / float64(calls.Load())
+	}
 	var redisShare float64 = -1
 	if inst.redisCalls != nil {
 		redis1, all1 := inst.redisCalls()
@@ -126,6 +143,7 @@ func measure(c *redis.Client, k contender, bc benchCase) (sample, error) {
 	}
 	return sample{
 		redisShare: redisShare,
+		redisCPU:   redisCPU,
 		nsOp:       float64(res.T.Nanoseconds()) / float64(res.N),
 		bytesOp:    float64(res.AllocedBytesPerOp()),
 		allocsOp:   float64(res.AllocsPerOp()),
@@ -220,4 +238,25 @@ func retimeSequential(c *redis.Client, res [][]sample, bc benchCase, benchtime t
 		s.separateNsOp, s.nsOp = s.nsOp, ns[i]
 	}
 	return nil
+}
+
+// serverCPU returns the CPU time redis-server has used since it started
+// (used_cpu_user plus used_cpu_sys of INFO cpu).
+func serverCPU(c *redis.Client) (time.Duration, error) {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_user" || name == "used_cpu_sys") {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("INFO cpu: %s: %w", name, err)
+			}
+			sum += x
+		}
+	}
+	return time.Duration(sum * float64(time.Second)), nil
 }

@@ -137,6 +137,74 @@ func BenchmarkRedisSequential(b *testing.B) {
 	})
 }
 
+// leastExactLua is the least an exact sliding-window-log decision on the
+// server's clock can ask of Redis: the count, and the unit added only if
+// it fits (no pause, no reservations, no batch).
+const leastExactLua = `local t = redis.call("TIME")
+local now = t[1] * 1000000 + t[2]
+local window, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", string.format("%d", now - window))
+if redis.call("ZCARD", KEYS[1]) >= limit then
+	return {0}
+end
+redis.call("ZADD", KEYS[1], string.format("%d", now), ARGV[3])
+redis.call("PEXPIRE", KEYS[1], ARGV[4])
+return {1}`
+
+// BenchmarkScriptFloor asks whether any exact script can decide one call
+// at a time as fast as the pipeline window (the sequential target of
+// issue 11), interleaved as BenchmarkRedisSequential: it reports each
+// op's time over the pipeline's ("<op>/pipeline"). noop-script is a
+// script that only returns, sent with window.Redis's keys and arguments:
+// what EVALSHA costs before any work. least-script is leastExactLua.
+func BenchmarkScriptFloor(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &pipelineWindow{client: client, rate: benchRate, prefix: freshPrefix()}
+	if err := p.member.init(); err != nil {
+		b.Fatal(err)
+	}
+	var m memberSource
+	if err := m.init(); err != nil {
+		b.Fatal(err)
+	}
+	noop, least := redisscript.New("return {1, 0, 0}"), redisscript.New(leastExactLua)
+	r, err := l.request("one", 1, "", argAllowN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	win, limit := strconv.FormatInt(benchRate.PerMicros(), 10), strconv.Itoa(benchRate.Count)
+	expiry := strconv.FormatInt(benchRate.Per.Milliseconds(), 10)
+	leastKey := freshPrefix() + "{one}"
+	run := func(s *redisscript.Script, args ...any) error {
+		return s.Run(ctx, client, redis.NewIntSliceCmd(ctx, append(s.Start(nil), args...)...))
+	}
+	ops := []benchtest.Op{
+		{Name: "pipeline", Do: func() error { _, err := p.allow(ctx, "one"); return err }},
+		{Name: "window", Do: func() error { _, err := l.Allow(ctx, "one"); return err }},
+		{Name: "noop-script", Do: func() error {
+			return run(noop, "3", r.key, r.hint, r.pause, argTime, argExact, "", r.argWin, r.argLimit, argOne, argOne, m.next(), argAllowN)
+		}},
+		{Name: "least-script", Do: func() error { return run(least, "1", leastKey, win, limit, m.next(), expiry) }},
+		{Name: "ping", Do: func() error { return client.Ping(ctx).Err() }},
+	}
+	do := make([]func() error, len(ops))
+	for i, op := range ops {
+		do[i] = op.Do
+	}
+	spent, _, opErr := benchtest.TimeInterleaved(do, func(int) bool { return b.Loop() })
+	if opErr != nil {
+		b.Fatalf("%s: %v", ops[opErr.Op].Name, opErr.Err)
+	}
+	for i, op := range ops[1:] {
+		b.ReportMetric(float64(spent[i+1])/float64(spent[0]), op.Name+"/pipeline")
+	}
+}
+
 // BenchmarkRedisWindowID is BenchmarkRedisWindow with reservations on:
 // AllowID with a new id per call and a horizon of a minute (an admission
 // also looks the id up).
