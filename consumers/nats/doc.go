@@ -118,6 +118,12 @@
 // example, at 16 at once and a 1 s handler, handled 113 of 368 jobs twice
 // with the default, none with PullMaxMessages(16)).
 //
+// The throttle restarts a message's AckWait (InProgress) only while the
+// message waits for its slot; once the handler runs, the message is the
+// handler's. A handler that can run longer than AckWait must call
+// msg.InProgress() more often than AckWait itself, or the server
+// redelivers the message while it runs and it is handled twice.
+//
 // # Decision timeout
 //
 // The Consume callback decides one message at a time, and the messages the

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -85,6 +86,9 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 				return jobsFile{}, fmt.Errorf("line %d: a line has either an id (a job) or a rate (an override), not both", n)
 			}
 			rate, err := throttle.ParseRate(l.Rate)
+			if err == nil {
+				err = checkPeriod(rate)
+			}
 			if err != nil {
 				return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
 			}
@@ -92,13 +96,14 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 			continue
 		}
 		j := l.job
+		if err := checkID(j.ID); err != nil {
+			return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
+		}
 		switch {
-		case j.ID == "":
-			return jobsFile{}, fmt.Errorf("line %d: missing id", n)
 		case ids[j.ID]:
 			return jobsFile{}, fmt.Errorf("line %d: duplicate id %q", n, j.ID)
-		case j.AtMS < 0:
-			return jobsFile{}, fmt.Errorf("line %d: at_ms must be >= 0, got %d", n, j.AtMS)
+		case j.AtMS < 0 || j.AtMS > maxAtMS:
+			return jobsFile{}, fmt.Errorf("line %d: at_ms must be in [0, %d] (24h: the worker replays the file in real time), got %d", n, maxAtMS, j.AtMS)
 		case j.Cost < 0:
 			return jobsFile{}, fmt.Errorf("line %d: cost must be >= 1, got %d", n, j.Cost)
 		}
@@ -118,13 +123,49 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 	return jf, nil
 }
 
+// Bounds of a jobs file's fields. A tenant is a NATS subject token, a part
+// of Redis keys and a label of metrics and plots; an id is a message's
+// Nats-Msg-Id header and its asynq task ID.
+const (
+	maxAtMS      = int64(24 * time.Hour / time.Millisecond)
+	maxTenantLen = 128 // bytes
+	maxIDLen     = 256 // bytes
+)
+
 // checkTenant reports whether name can be one subject token (jobs.<tenant>).
 func checkTenant(name string) error {
-	if name == "" {
+	switch {
+	case name == "":
 		return errors.New("missing tenant")
+	case len(name) > maxTenantLen:
+		return fmt.Errorf("tenant %.20q... is %d bytes, more than %d", name, len(name), maxTenantLen)
+	case strings.ContainsAny(name, ".*>") || strings.IndexFunc(name, isSpaceOrControl) >= 0:
+		return fmt.Errorf("tenant %q must be a single NATS subject token (no '.', '*', '>', spaces or control characters)", name)
 	}
-	if strings.ContainsAny(name, ".*> \t\r\n") {
-		return fmt.Errorf("tenant %q must be a single NATS subject token (no '.', '*', '>' or spaces)", name)
+	return nil
+}
+
+// checkID reports whether id can be a message's id (a NATS header value).
+func checkID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("missing id")
+	case len(id) > maxIDLen:
+		return fmt.Errorf("id %.20q... is %d bytes, more than %d", id, len(id), maxIDLen)
+	case strings.IndexFunc(id, isSpaceOrControl) >= 0:
+		return fmt.Errorf("id %q must have no spaces or control characters", id)
+	}
+	return nil
+}
+
+func isSpaceOrControl(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }
+
+// checkPeriod refuses a rate whose period is shorter than a millisecond:
+// the worker times an admission only to within its decision's round trip,
+// so its summary could not check so short a window.
+func checkPeriod(r throttle.Rate) error {
+	if r.Per < time.Millisecond {
+		return fmt.Errorf("rate %v: the worker needs a period of at least 1ms (it times each admission to within its decision's round trip)", r)
 	}
 	return nil
 }

@@ -39,6 +39,9 @@ type quotas struct {
 // loadQuotas reads -rate, -burst, the jobs file's rate lines and -rates.
 func loadQuotas(cfg config, jf jobsFile) (*quotas, error) {
 	defRate, err := throttle.ParseRate(cfg.Rate)
+	if err == nil {
+		err = checkPeriod(defRate)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("-rate: %w", err)
 	}
@@ -85,6 +88,9 @@ func parseRates(r io.Reader) (map[string]throttle.Quota, error) {
 			return nil, fmt.Errorf("line %d: tenant %s twice", n, tenant)
 		}
 		tq, err := throttle.ParseQuota(rest)
+		if err == nil {
+			err = checkPeriod(tq.Rate)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("line %d (%s): %w", n, tenant, err)
 		}

@@ -24,6 +24,7 @@ func TestParseRates(t *testing.T) {
 		{name: "bad burst", in: "a 1/s\nb 10/1s burst -2\n", err: "line 2 (b): throttle: invalid option Quota.Burst"},
 		{name: "twice", in: "a 1/s\na 2/s\n", err: "line 2: tenant a twice"},
 		{name: "bad tenant", in: "a.b 1/s\n", err: "line 1: tenant \"a.b\""},
+		{name: "period below a millisecond", in: "a 1/500us\n", err: "line 1 (a): rate 1/500µs: the worker needs a period of at least 1ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -135,5 +136,20 @@ func TestRunRatesRedisHash(t *testing.T) {
 	}
 	if r := byTenant(rep)["burst"].Rate; r != throttle.PerSecond(50) {
 		t.Errorf("the report judges burst by %v, want its quota at the end, 50/1s", r)
+	}
+}
+
+// TestLoadQuotasRefusesShortPeriods: -rate, like the jobs file's and the
+// -rates file's lines, needs a period of at least a millisecond.
+func TestLoadQuotasRefusesShortPeriods(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Rate = "1/1ns"
+	_, err := loadQuotas(cfg, jobsFile{})
+	if err == nil || !strings.Contains(err.Error(), "-rate: rate 1/1ns: the worker needs a period of at least 1ms") {
+		t.Fatalf("err = %v, want -rate refused", err)
+	}
+	cfg.Rate = "1/1ms"
+	if _, err := loadQuotas(cfg, jobsFile{}); err != nil {
+		t.Fatalf("1/1ms: %v", err)
 	}
 }
