@@ -134,26 +134,25 @@ const (
 
 // checkTenant reports whether name can be one subject token (jobs.<tenant>).
 func checkTenant(name string) error {
-	switch {
-	case name == "":
-		return errors.New("missing tenant")
-	case len(name) > maxTenantLen:
-		return fmt.Errorf("tenant %.20q... is %d bytes, more than %d", name, len(name), maxTenantLen)
-	case strings.ContainsAny(name, ".*>") || strings.IndexFunc(name, isSpaceOrControl) >= 0:
-		return fmt.Errorf("tenant %q must be a single NATS subject token (no '.', '*', '>', spaces or control characters)", name)
-	}
-	return nil
+	return checkToken("tenant", name, maxTenantLen, ".*>", "must be a single NATS subject token (no '.', '*', '>', spaces or control characters)")
 }
 
 // checkID reports whether id can be a message's id (a NATS header value).
 func checkID(id string) error {
+	return checkToken("id", id, maxIDLen, "", "must have no spaces or control characters")
+}
+
+// checkToken reports whether s, the value of field, is set, at most maxLen
+// bytes, and free of spaces, control characters and the bytes of
+// forbidden; rule says so in the error.
+func checkToken(field, s string, maxLen int, forbidden, rule string) error {
 	switch {
-	case id == "":
-		return errors.New("missing id")
-	case len(id) > maxIDLen:
-		return fmt.Errorf("id %.20q... is %d bytes, more than %d", id, len(id), maxIDLen)
-	case strings.IndexFunc(id, isSpaceOrControl) >= 0:
-		return fmt.Errorf("id %q must have no spaces or control characters", id)
+	case s == "":
+		return fmt.Errorf("missing %s", field)
+	case len(s) > maxLen:
+		return fmt.Errorf("%s %.20q... is %d bytes, more than %d", field, s, len(s), maxLen)
+	case strings.ContainsAny(s, forbidden) || strings.IndexFunc(s, isSpaceOrControl) >= 0:
+		return fmt.Errorf("%s %q %s", field, s, rule)
 	}
 	return nil
 }
