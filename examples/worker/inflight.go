@@ -98,3 +98,35 @@ func describeWork(d time.Duration) string {
 	}
 	return fmt.Sprintf("; every handler takes %v", d)
 }
+
+// drainNote warns, before the run, when -work leaves the NATS handlers
+// too little time to run every job before -timeout: instances processes
+// run natsConcurrency handlers each, and -inflight n lets a tenant run n
+// at once. It returns "" when the jobs can be done in time (rate limits
+// aside), else a line saying how long they take at least.
+func drainNote(jf jobsFile, cfg config, instances int) string {
+	if cfg.Work <= 0 {
+		return ""
+	}
+	least := jf.span() // the last job arrives then, and runs for a -work
+	handlers := natsConcurrency * instances
+	need := time.Duration(len(jf.Jobs)) * cfg.Work / time.Duration(handlers)
+	why := fmt.Sprintf("%s of %v on %d handlers", plural(len(jf.Jobs), "job"), cfg.Work, handlers)
+	if cfg.InFlight > 0 {
+		perTenant := map[string]int{}
+		for _, j := range jf.Jobs {
+			perTenant[j.Tenant]++
+		}
+		for _, t := range jf.tenants() {
+			if d := time.Duration(perTenant[t]) * cfg.Work / time.Duration(min(cfg.InFlight, handlers)); d > need {
+				need, why = d, fmt.Sprintf("%s's %s of %v, at most %d at once (-inflight)", t, plural(perTenant[t], "job"), cfg.Work, cfg.InFlight)
+			}
+		}
+	}
+	least = max(least+cfg.Work, need)
+	if least <= cfg.Timeout {
+		return ""
+	}
+	return fmt.Sprintf("note: %s take at least %v, longer than -timeout %v: the jobs still waiting then are reported never handled (raise -timeout)\n",
+		why, least.Round(time.Second), cfg.Timeout)
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,5 +137,39 @@ func TestRunSlowHandlers(t *testing.T) {
 	}
 	if !rep.OK() {
 		t.Error("report not OK")
+	}
+}
+
+// TestDrainNote: the worker warns before the run when -work leaves its
+// handlers too little time for every job before -timeout, by the handlers
+// of every process or by a tenant's -inflight share, and says nothing
+// when they have the time.
+func TestDrainNote(t *testing.T) {
+	jf := jobsFile{}
+	for i := range 320 {
+		tenant := "hog"
+		if i%10 == 0 {
+			tenant = "calm"
+		}
+		jf.Jobs = append(jf.Jobs, job{ID: strconv.Itoa(i), Tenant: tenant, AtMS: int64(i)})
+	}
+	cfg := defaultConfig()
+	cfg.Timeout = 5 * time.Second
+	cfg.Work = 300 * time.Millisecond
+	// 320 jobs of 300 ms on 16 handlers: at least 6 s.
+	if got, want := drainNote(jf, cfg, 1), "note: 320 jobs of 300ms on 16 handlers take at least 6s, longer than -timeout 5s"; !strings.HasPrefix(got, want) {
+		t.Errorf("one process: %q, want it to start %q", got, want)
+	}
+	if got := drainNote(jf, cfg, 2); got != "" {
+		t.Errorf("two processes (3 s): %q, want no note", got)
+	}
+	// hog's 288 jobs, 4 at once: at least 21.6 s.
+	cfg.InFlight = 4
+	if got, want := drainNote(jf, cfg, 2), "note: hog's 288 jobs of 300ms, at most 4 at once (-inflight) take at least 22s"; !strings.HasPrefix(got, want) {
+		t.Errorf("-inflight 4: %q, want it to start %q", got, want)
+	}
+	cfg.Work = 0
+	if got := drainNote(jf, cfg, 1); got != "" {
+		t.Errorf("no -work: %q, want no note", got)
 	}
 }

@@ -193,6 +193,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s%s%s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, q.text(),
 		describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
+	fmt.Fprint(out, drainNote(jf, cfg, 1))
 	if metricsAddr != "" {
 		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
 	}
