@@ -67,7 +67,8 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 	jf := jobsFile{Rates: map[string]throttle.Rate{}}
 	ids := map[string]bool{}
 	sc := bufio.NewScanner(r)
-	for n := 1; sc.Scan(); n++ {
+	n := 1
+	for ; sc.Scan(); n++ {
 		text := strings.TrimSpace(sc.Text())
 		if text == "" {
 			continue
@@ -113,7 +114,7 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 		ids[j.ID] = true
 		jf.Jobs = append(jf.Jobs, j)
 	}
-	if err := sc.Err(); err != nil {
+	if err := scanError(sc.Err(), n); err != nil {
 		return jobsFile{}, err
 	}
 	if len(jf.Jobs) == 0 {
@@ -121,6 +122,15 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 	}
 	sort.SliceStable(jf.Jobs, func(a, b int) bool { return jf.Jobs[a].AtMS < jf.Jobs[b].AtMS })
 	return jf, nil
+}
+
+// scanError is the error of a bufio.Scanner that stopped at line n: a line
+// over bufio.MaxScanTokenSize is named as such.
+func scanError(err error, n int) error {
+	if errors.Is(err, bufio.ErrTooLong) {
+		return fmt.Errorf("line %d: longer than %d bytes", n, bufio.MaxScanTokenSize)
+	}
+	return err
 }
 
 // Bounds of a jobs file's fields. A tenant is a NATS subject token, a part

@@ -69,6 +69,7 @@ func TestParseJobs(t *testing.T) {
 		{name: "tenant with control character", in: `{"id":"x","tenant":"a\u0000b"}`, wantErr: "control characters"},
 		{name: "long id", in: `{"id":"` + strings.Repeat("i", 257) + `","tenant":"a"}`, wantErr: "257 bytes, more than 256"},
 		{name: "id with newline", in: `{"id":"x\r\ny","tenant":"a"}`, wantErr: "no spaces or control characters"},
+		{name: "line too long", in: `{"id":"x","tenant":"a"}` + "\n" + `{"id":"` + strings.Repeat("i", 70000) + `","tenant":"a"}`, wantErr: "line 2: longer than 65536 bytes"},
 		{name: "rate below a millisecond", in: `{"tenant":"a","rate":"1/1ns"}`, wantErr: "at least 1ms"},
 		{name: "negative cost", in: `{"id":"x","tenant":"a","cost":-1}`, wantErr: "cost"},
 		{name: "bad rate", in: `{"tenant":"a","rate":"5"}`, wantErr: "COUNT/PERIOD"},

@@ -75,7 +75,8 @@ func loadQuotas(cfg config, jf jobsFile) (*quotas, error) {
 func parseRates(r io.Reader) (map[string]throttle.Quota, error) {
 	out := map[string]throttle.Quota{}
 	sc := bufio.NewScanner(r)
-	for n := 1; sc.Scan(); n++ {
+	n := 1
+	for ; sc.Scan(); n++ {
 		text := strings.TrimSpace(sc.Text())
 		if text == "" || strings.HasPrefix(text, "#") {
 			continue
@@ -96,7 +97,7 @@ func parseRates(r io.Reader) (map[string]throttle.Quota, error) {
 		}
 		out[tenant] = tq
 	}
-	return out, sc.Err()
+	return out, scanError(sc.Err(), n)
 }
 
 // of returns tenant's quota: with the Redis hash, as it is now; else as
