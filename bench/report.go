@@ -303,7 +303,7 @@ func report(env environment, cases []benchCase, res [][][]sample, acc []accuracy
 	p("\n")
 
 	p("## Throughput\n\n")
-	p("× PING: ns/op ÷ PING's ns/op in the same round and case (Redis-backed contenders only). × mutex: ns/op ÷ the mutex bucket's. ns/op, B/op and allocs/op: medians over the rounds. Redis CPU: the CPU time redis-server spent per decision (user and system, from `INFO cpu`, over every call of the benchmark), median over the rounds: what a decision costs the shared Redis, on top of the client's ns/op. admitted: share of the measured calls admitted.\n\n")
+	p("× PING: ns/op ÷ PING's ns/op in the same round and case (Redis-backed contenders only). × mutex: ns/op ÷ the mutex bucket's. ns/op, B/op and allocs/op: medians over the rounds. Redis CPU (parallel cases): the CPU time redis-server spent per decision (user and system, from `INFO cpu`, over every call of the benchmark), median [range] over the rounds: what a decision costs the shared Redis (ns/op is wall time, which includes Redis's share). One call at a time, Redis's CPU per call is mostly the wake-up and system calls around each round trip, and varied 2× from run to run, so the sequential tables leave it out. admitted: share of the measured calls admitted.\n\n")
 	for ci, bc := range cases {
 		p("### %s\n\n", capitalize(bc.name))
 		p("| limiter | algorithm | × PING | × mutex | ns/op | Redis CPU µs/op | B/op | allocs/op | admitted | errors |\n")
@@ -326,8 +326,8 @@ func report(env environment, cases []benchCase, res [][][]sample, acc []accuracy
 				adm = fmt.Sprintf("%.1f%%", 100*float64(calls-denied-errs)/float64(calls))
 			}
 			cpu := "—"
-			if k.redis {
-				cpu = fmt.Sprintf("%.1f", summarize(column(rs, func(s sample) float64 { return s.redisCPU })).med)
+			if k.redis && bc.parallel {
+				cpu = summarize(column(rs, func(s sample) float64 { return s.redisCPU })).String()
 			}
 			p("| %s | %s | %s | %s | %.0f | %s | %.0f | %.0f | %s | %d |\n", k.name, k.kind, xping, xmutex,
 				summarize(column(rs, func(s sample) float64 { return s.nsOp })).med, cpu,

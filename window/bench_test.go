@@ -154,7 +154,8 @@ return {1}`
 // BenchmarkScriptFloor asks whether any exact script can decide one call
 // at a time as fast as the pipeline window (the sequential target of
 // issue 11), interleaved as BenchmarkRedisSequential: it reports each
-// op's time over the pipeline's ("<op>/pipeline"). noop-script is a
+// op's time over the pipeline's ("<op>/pipeline"); its ns/op is one step,
+// a call of every op. noop-script is a
 // script that only returns, sent with window.Redis's keys and arguments:
 // what EVALSHA costs before any work. least-script is leastExactLua.
 func BenchmarkScriptFloor(b *testing.B) {

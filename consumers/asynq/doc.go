@@ -205,7 +205,10 @@
 //     identity in IDHeader) or waits in the handler, as above. The Gate
 //     has already admitted, and charged, the task; when it comes back
 //     Gate.AdmitID admits the same identity again without a second charge
-//     while its admission is still counted, so a refusal costs no rate.
+//     while its admission is still counted; one that comes back after that
+//     is charged again, so under a backlog far beyond the in-flight limit
+//     refusals use up rate (see the same section of natsthrottle): keep
+//     the rate near what the slots can run.
 //   - The limiter fails ("error"): the error goes to WithErrorHandler and
 //     the span, and the Gate's failure policy decides: FailOpen runs the
 //     handler without a slot, FailClosed returns a *RateLimitError with the

@@ -44,7 +44,7 @@ func describeInFlight(n int, rc *redis.Client) string {
 	if rc != nil {
 		where = "in Redis"
 	}
-	return fmt.Sprintf("; at most %d handlers of a tenant at once (%s, lease %v)", n, where, inFlightLease)
+	return fmt.Sprintf("; at most %s of a tenant at once (%s, lease %v)", plural(n, "handler"), where, inFlightLease)
 }
 
 // checkWork validates -work: a handler must ack within the consumer's
@@ -99,34 +99,36 @@ func describeWork(d time.Duration) string {
 	return fmt.Sprintf("; every handler takes %v", d)
 }
 
-// drainNote warns, before the run, when -work leaves the NATS handlers
-// too little time to run every job before -timeout: instances processes
-// run natsConcurrency handlers each, and -inflight n lets a tenant run n
-// at once. It returns "" when the jobs can be done in time (rate limits
-// aside), else a line saying how long they take at least.
+// drainNote warns, before the run, when it cannot end before -timeout:
+// the last job arrives at the trace's span, and with -work the NATS
+// handlers (natsConcurrency in each of instances processes, and -inflight
+// n of them for a tenant) need their time. It returns "" when the run can
+// end in time (rate limits aside), else a line saying what makes it
+// longer.
 func drainNote(jf jobsFile, cfg config, instances int) string {
-	if cfg.Work <= 0 {
-		return ""
-	}
-	least := jf.span() // the last job arrives then, and runs for a -work
-	handlers := natsConcurrency * instances
-	need := time.Duration(len(jf.Jobs)) * cfg.Work / time.Duration(handlers)
-	why := fmt.Sprintf("%s of %v on %d handlers", plural(len(jf.Jobs), "job"), cfg.Work, handlers)
-	if cfg.InFlight > 0 {
-		perTenant := map[string]int{}
-		for _, j := range jf.Jobs {
-			perTenant[j.Tenant]++
+	least := jf.span() + cfg.Work
+	why := fmt.Sprintf("the last job arrives at %v", jf.span())
+	if cfg.Work > 0 {
+		handlers := natsConcurrency * instances
+		if d := time.Duration(len(jf.Jobs)) * cfg.Work / time.Duration(handlers); d > least {
+			least, why = d, fmt.Sprintf("%s of %v on %s", plural(len(jf.Jobs), "job"), cfg.Work, plural(handlers, "handler"))
 		}
-		for _, t := range jf.tenants() {
-			if d := time.Duration(perTenant[t]) * cfg.Work / time.Duration(min(cfg.InFlight, handlers)); d > need {
-				need, why = d, fmt.Sprintf("%s's %s of %v, at most %d at once (-inflight)", t, plural(perTenant[t], "job"), cfg.Work, cfg.InFlight)
+		if cfg.InFlight > 0 {
+			perTenant := map[string]int{}
+			for _, j := range jf.Jobs {
+				perTenant[j.Tenant]++
+			}
+			for _, t := range jf.tenants() {
+				if d := time.Duration(perTenant[t]) * cfg.Work / time.Duration(min(cfg.InFlight, handlers)); d > least {
+					least, why = d, fmt.Sprintf("%s's %s of %v, at most %d at once (-inflight)", t, plural(perTenant[t], "job"), cfg.Work, cfg.InFlight)
+				}
 			}
 		}
 	}
-	least = max(least+cfg.Work, need)
 	if least <= cfg.Timeout {
 		return ""
 	}
-	return fmt.Sprintf("note: %s take at least %v, longer than -timeout %v: the jobs still waiting then are reported never handled (raise -timeout)\n",
-		why, least.Round(time.Second), cfg.Timeout)
+	least = (least + time.Millisecond - 1).Truncate(time.Millisecond) // up: a bound from below
+	return fmt.Sprintf("note: %s: the run takes at least %v, longer than -timeout %v; the jobs still waiting then are reported never handled (raise -timeout)\n",
+		why, least, cfg.Timeout)
 }

@@ -157,7 +157,7 @@ func TestDrainNote(t *testing.T) {
 	cfg.Timeout = 5 * time.Second
 	cfg.Work = 300 * time.Millisecond
 	// 320 jobs of 300 ms on 16 handlers: at least 6 s.
-	if got, want := drainNote(jf, cfg, 1), "note: 320 jobs of 300ms on 16 handlers take at least 6s, longer than -timeout 5s"; !strings.HasPrefix(got, want) {
+	if got, want := drainNote(jf, cfg, 1), "note: 320 jobs of 300ms on 16 handlers: the run takes at least 6s, longer than -timeout 5s"; !strings.HasPrefix(got, want) {
 		t.Errorf("one process: %q, want it to start %q", got, want)
 	}
 	if got := drainNote(jf, cfg, 2); got != "" {
@@ -165,11 +165,20 @@ func TestDrainNote(t *testing.T) {
 	}
 	// hog's 288 jobs, 4 at once: at least 21.6 s.
 	cfg.InFlight = 4
-	if got, want := drainNote(jf, cfg, 2), "note: hog's 288 jobs of 300ms, at most 4 at once (-inflight) take at least 22s"; !strings.HasPrefix(got, want) {
+	if got, want := drainNote(jf, cfg, 2), "note: hog's 288 jobs of 300ms, at most 4 at once (-inflight): the run takes at least 21.6s"; !strings.HasPrefix(got, want) {
 		t.Errorf("-inflight 4: %q, want it to start %q", got, want)
 	}
 	cfg.Work = 0
 	if got := drainNote(jf, cfg, 1); got != "" {
 		t.Errorf("no -work: %q, want no note", got)
+	}
+	// The last job arrives at 319 ms: the handlers are not what binds.
+	cfg.Timeout = 300 * time.Millisecond
+	if got, want := drainNote(jf, cfg, 1), "note: the last job arrives at 319ms: the run takes at least 319ms, longer than -timeout 300ms"; !strings.HasPrefix(got, want) {
+		t.Errorf("a trace longer than -timeout: %q, want it to start %q", got, want)
+	}
+	cfg.Work = time.Millisecond
+	if got, want := drainNote(jf, cfg, 1), "note: the last job arrives at 319ms: the run takes at least 320ms"; !strings.HasPrefix(got, want) {
+		t.Errorf("a trace longer than -timeout, -work 1ms: %q, want it to start %q", got, want)
 	}
 }

@@ -510,12 +510,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	}
 	stopReason, pubErr, pubReturned := wait(ctx, cfg, complete, rec.progressLine, pubDone, firstErr(ps.exited, faultErrs), out)
 	stopFaults() // a fault under way recovers first
-	pcancel()
-	if !pubReturned {
-		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {
-			pubErr = err
-		}
-	}
+	pubErr = stopPublisher(stopReason, pubErr, pubReturned, pubDone, pcancel)
 	stopProcesses()
 	info, deliveries := consumerInfo(cons)
 	cl.run()

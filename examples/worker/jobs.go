@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -69,14 +73,16 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 	sc := bufio.NewScanner(r)
 	n := 1
 	for ; sc.Scan(); n++ {
-		text := strings.TrimSpace(sc.Text())
+		text := sc.Text()
+		if n == 1 {
+			text = strings.TrimPrefix(text, "\uFEFF") // a UTF-8 byte order mark
+		}
+		text = strings.TrimSpace(text)
 		if text == "" {
 			continue
 		}
-		var l line
-		dec := json.NewDecoder(strings.NewReader(text))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&l); err != nil {
+		l, err := decodeLine(text)
+		if err != nil {
 			return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
 		}
 		if err := checkTenant(l.Tenant); err != nil {
@@ -92,6 +98,9 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 			}
 			if err != nil {
 				return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
+			}
+			if _, twice := jf.Rates[l.Tenant]; twice {
+				return jobsFile{}, fmt.Errorf("line %d: a second rate line for tenant %s", n, l.Tenant)
 			}
 			jf.Rates[l.Tenant] = rate
 			continue
@@ -120,8 +129,47 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 	if len(jf.Jobs) == 0 {
 		return jobsFile{}, errors.New("no jobs")
 	}
+	for _, t := range slices.Sorted(maps.Keys(jf.Rates)) {
+		if !slices.ContainsFunc(jf.Jobs, func(j job) bool { return j.Tenant == t }) {
+			return jobsFile{}, fmt.Errorf("a rate line for tenant %s, which has no jobs (a typo?)", t)
+		}
+	}
 	sort.SliceStable(jf.Jobs, func(a, b int) bool { return jf.Jobs[a].AtMS < jf.Jobs[b].AtMS })
 	return jf, nil
+}
+
+// decodeLine decodes one line: a single JSON object of the fields of
+// line, in valid UTF-8, and nothing after it.
+func decodeLine(text string) (line, error) {
+	var l line
+	if !utf8.ValidString(text) {
+		return l, errors.New("not valid UTF-8")
+	}
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&l); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			field := te.Field[strings.LastIndex(te.Field, ".")+1:] // "job.at_ms": at_ms
+			return l, fmt.Errorf("%s must be %s, got %s", field, jsonKind(te.Type.Kind()), te.Value)
+		}
+		return l, err
+	}
+	if strings.TrimSpace(text[dec.InputOffset():]) != "" {
+		return l, errors.New("more after the JSON object: one job or rate line per line")
+	}
+	return l, nil
+}
+
+// jsonKind names what a JSON value of a field of kind k must be.
+func jsonKind(k reflect.Kind) string {
+	switch k {
+	case reflect.Int, reflect.Int64:
+		return "an integer"
+	case reflect.String:
+		return "a string"
+	}
+	return k.String()
 }
 
 // scanError is the error of a bufio.Scanner that stopped at line n: a line

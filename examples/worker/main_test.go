@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,6 +71,14 @@ func TestParseJobs(t *testing.T) {
 		{name: "tenant with control character", in: `{"id":"x","tenant":"a\u0000b"}`, wantErr: "control characters"},
 		{name: "long id", in: `{"id":"` + strings.Repeat("i", 257) + `","tenant":"a"}`, wantErr: "257 bytes, more than 256"},
 		{name: "id with newline", in: `{"id":"x\r\ny","tenant":"a"}`, wantErr: "no spaces or control characters"},
+		{name: "byte order mark", in: "\uFEFF" + `{"id":"x","tenant":"a"}`, jobs: []string{"x"}},
+		{name: "two objects on a line", in: `{"id":"x","tenant":"a"} {"id":"y","tenant":"a"}`, wantErr: "line 1: more after the JSON object"},
+		{name: "a brace after the object", in: `{"id":"x","tenant":"a"}}`, wantErr: "line 1: more after the JSON object"},
+		{name: "fractional offset", in: `{"id":"x","tenant":"a","at_ms":1.5}`, wantErr: "line 1: at_ms must be an integer, got number 1.5"},
+		{name: "offset as a string", in: `{"id":"x","tenant":"a","at_ms":"5"}`, wantErr: "line 1: at_ms must be an integer, got string"},
+		{name: "invalid UTF-8", in: "{\"id\":\"x\",\"tenant\":\"ab\xff\"}", wantErr: "line 1: not valid UTF-8"},
+		{name: "rate line twice", in: `{"tenant":"a","rate":"5/s"}` + "\n" + `{"tenant":"a","rate":"7/s"}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 2: a second rate line for tenant a"},
+		{name: "rate line for a tenant without jobs", in: `{"tenant":"ghost","rate":"5/s"}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "a rate line for tenant ghost, which has no jobs"},
 		{name: "line too long", in: `{"id":"x","tenant":"a"}` + "\n" + `{"id":"` + strings.Repeat("i", 70000) + `","tenant":"a"}`, wantErr: "line 2: longer than 65536 bytes"},
 		{name: "rate below a millisecond", in: `{"tenant":"a","rate":"1/1ns"}`, wantErr: "at least 1ms"},
 		{name: "negative cost", in: `{"id":"x","tenant":"a","cost":-1}`, wantErr: "cost"},
@@ -815,5 +825,52 @@ func TestRunReservations(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStopPublisherWaitsForTheLastAcks: when every job was handled, the
+// publisher's last acknowledgements are waited for before its context is
+// canceled (a canceled publish would leave a handled job unpublished in
+// the summary); a run stopped for another reason cancels at once.
+func TestStopPublisherWaitsForTheLastAcks(t *testing.T) {
+	pubDone := make(chan error, 1)
+	canceled := make(chan struct{})
+	cancel := sync.OnceFunc(func() { close(canceled) })
+	var sawCancel atomic.Bool
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the last ack
+		select {
+		case <-canceled:
+			sawCancel.Store(true)
+		default:
+		}
+		pubDone <- nil
+	}()
+	if err := stopPublisher("", nil, false, pubDone, cancel); err != nil {
+		t.Fatal(err)
+	}
+	if sawCancel.Load() {
+		t.Fatal("the publisher was canceled before its last acknowledgement")
+	}
+	select {
+	case <-canceled:
+	default:
+		t.Fatal("the publisher's context was not canceled at the end")
+	}
+
+	// Stopped early: the publisher, blocked until canceled, is canceled at once.
+	pubDone = make(chan error, 1)
+	canceled = make(chan struct{})
+	cancel = sync.OnceFunc(func() { close(canceled) })
+	go func() {
+		<-canceled
+		pubDone <- context.Canceled
+	}()
+	start := time.Now()
+	if err := stopPublisher("timed out after 1s", nil, false, pubDone, cancel); err != nil {
+		t.Fatalf("a canceled publisher's error: %v, want none", err)
+	}
+	if d := time.Since(start); d >= publishAttemptTimeout {
+		t.Fatalf("took %v: waited for a publisher of a run stopped early", d)
 	}
 }

@@ -650,21 +650,21 @@ func (rep report) verdict() string {
 		}
 		switch {
 		case rep.ExactlyOnce():
-			return fmt.Sprintf("OK: all %d jobs handled exactly once%s in %.1fs", rep.Jobs, by, rep.Elapsed.Seconds())
+			return fmt.Sprintf("OK: all %s handled exactly once%s in %.1fs", plural(rep.Jobs, "job"), by, rep.Elapsed.Seconds())
 		case rep.NoneLost():
-			return fmt.Sprintf("OK: all %d jobs handled%s in %.1fs, none lost; %s handled again after a fault (explained: the broker redelivered them), none otherwise",
-				rep.Jobs, by, rep.Elapsed.Seconds(), plural(len(rep.Explained), "job"))
+			return fmt.Sprintf("OK: all %s handled%s in %.1fs, none lost; %s handled again after a fault (explained: the broker redelivered them), none otherwise",
+				plural(rep.Jobs, "job"), by, rep.Elapsed.Seconds(), plural(len(rep.Explained), "job"))
 		}
 		return "FAIL: not every job handled exactly once: " + rep.failures()
 	}
 	a := rep.Asynq
 	elapsed := max(rep.Elapsed, a.Elapsed)
 	if rep.ExactlyOnce() && a.ExactlyOnce() && a.Archived == 0 {
-		return fmt.Sprintf("OK: all %d jobs handled exactly once on NATS and on asynq, 0 archived, in %.1fs", rep.Jobs, elapsed.Seconds())
+		return fmt.Sprintf("OK: all %s handled exactly once on NATS and on asynq, 0 archived, in %.1fs", plural(rep.Jobs, "job"), elapsed.Seconds())
 	}
 	if rep.NoneLost() && a.NoneLost() && a.Archived == 0 {
-		return fmt.Sprintf("OK: all %d jobs handled on NATS and on asynq, none lost, 0 archived, in %.1fs; handled again after a fault (explained: the broker redelivered them), none otherwise: %d on NATS, %d on asynq",
-			rep.Jobs, elapsed.Seconds(), len(rep.Explained), len(a.Explained))
+		return fmt.Sprintf("OK: all %s handled on NATS and on asynq, none lost, 0 archived, in %.1fs; handled again after a fault (explained: the broker redelivered them), none otherwise: %d on NATS, %d on asynq",
+			plural(rep.Jobs, "job"), elapsed.Seconds(), len(rep.Explained), len(a.Explained))
 	}
 	archived := strconv.Itoa(a.Archived)
 	if a.Archived < 0 {

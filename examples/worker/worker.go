@@ -231,12 +231,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	}
 	stopReason, pubErr, pubReturned := wait(ctx, cfg, complete, progress, pubDone, abort, out)
 	stopFaults() // a fault under way recovers first
-	pcancel()
-	if !pubReturned {
-		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {
-			pubErr = err
-		}
-	}
+	pubErr = stopPublisher(stopReason, pubErr, pubReturned, pubDone, pcancel)
 
 	stopConsumer()
 	if as != nil {
@@ -458,6 +453,32 @@ func wait(ctx context.Context, cfg config, complete <-chan struct{}, progressLin
 			return "interrupted", nil, pubReturned
 		}
 	}
+}
+
+// stopPublisher ends the publisher of a run that wait stopped (pubDone
+// gets its result; pubReturned: already got) and returns the run's
+// publishing error. When every job was handled (no stopReason), every one
+// was published and the last acknowledgements may still be on their way:
+// it waits for them (up to a publish attempt's timeout) before it cancels,
+// else the summary would show a job handled that was never published.
+func stopPublisher(stopReason string, pubErr error, pubReturned bool, pubDone <-chan error, cancel func()) error {
+	if !pubReturned && stopReason == "" {
+		select {
+		case err := <-pubDone:
+			pubReturned = true
+			if err != nil && pubErr == nil {
+				pubErr = err
+			}
+		case <-time.After(publishAttemptTimeout):
+		}
+	}
+	cancel()
+	if !pubReturned {
+		if err := <-pubDone; err != nil && pubErr == nil && !errors.Is(err, context.Canceled) {
+			pubErr = err
+		}
+	}
+	return pubErr
 }
 
 // closers are cleanup functions, run last in, first out.
@@ -693,6 +714,9 @@ func jobCost(m jetstream.Msg) (int, error) {
 	return max(j.Cost, 1), nil
 }
 
+// publishAttemptTimeout bounds one attempt to publish a job.
+const publishAttemptTimeout = 5 * time.Second
+
 // publish sends each job to jobs.<tenant> at start + its arrival offset,
 // with the job id as Nats-Msg-Id so a resend is deduplicated, and the trace
 // context of a producer span in the headers. A failed publish is retried
@@ -765,7 +789,7 @@ func publishInOrder(ctx context.Context, js jetstream.JetStream, tracer trace.Tr
 		msg.Header.Set(jetstream.MsgIDHeader, j.ID)
 		prop.Inject(sctx, natsthrottle.HeaderCarrier(msg.Header))
 		failures, err := retry(ctx, func(ctx context.Context, n int) error {
-			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			pctx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
 			defer cancel()
 			ack, err := js.PublishMsg(pctx, msg)
 			if err != nil {
