@@ -129,8 +129,9 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 	if len(jf.Jobs) == 0 {
 		return jobsFile{}, errors.New("no jobs")
 	}
+	tenants := jf.tenants()
 	for _, t := range slices.Sorted(maps.Keys(jf.Rates)) {
-		if !slices.ContainsFunc(jf.Jobs, func(j job) bool { return j.Tenant == t }) {
+		if _, ok := slices.BinarySearch(tenants, t); !ok {
 			return jobsFile{}, fmt.Errorf("a rate line for tenant %s, which has no jobs (a typo?)", t)
 		}
 	}
@@ -227,7 +228,6 @@ func checkPeriod(r throttle.Rate) error {
 	return nil
 }
 
-// tenants returns the tenants of jobs, sorted.
 // span is the arrival offset of the last job (0 for none).
 func (jf jobsFile) span() time.Duration {
 	if len(jf.Jobs) == 0 {
@@ -236,6 +236,7 @@ func (jf jobsFile) span() time.Duration {
 	return jf.Jobs[len(jf.Jobs)-1].at()
 }
 
+// tenants returns the tenants of jobs, sorted.
 func (jf jobsFile) tenants() []string {
 	seen := map[string]bool{}
 	var ts []string
