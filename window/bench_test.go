@@ -115,13 +115,10 @@ func BenchmarkPipelineWindow(b *testing.B) {
 	})
 }
 
-// BenchmarkRedisSequential compares one decision at a time of
-// window.Redis with the pipeline window's and a PING, on one key,
-// interleaved (see benchtest.Interleaved): the "window/pipeline" metric is
-// the sequential ratio of issue 11.
-func BenchmarkRedisSequential(b *testing.B) {
+// sequentialRivals returns a client of the shared redis-server, and
+// window.Redis and the pipeline window on it, with fresh prefixes.
+func sequentialRivals(b *testing.B) (*redis.Client, *Redis, *pipelineWindow) {
 	client := redistest.Shared(b).Client(b)
-	ctx := context.Background()
 	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
 	if err != nil {
 		b.Fatal(err)
@@ -130,6 +127,16 @@ func BenchmarkRedisSequential(b *testing.B) {
 	if err := p.member.init(); err != nil {
 		b.Fatal(err)
 	}
+	return client, l, p
+}
+
+// BenchmarkRedisSequential compares one decision at a time of
+// window.Redis with the pipeline window's and a PING, on one key,
+// interleaved (see benchtest.Interleaved): the "window/pipeline" metric is
+// the sequential ratio of issue 11.
+func BenchmarkRedisSequential(b *testing.B) {
+	client, l, p := sequentialRivals(b)
+	ctx := context.Background()
 	benchtest.Interleaved(b, []benchtest.Op{
 		{Name: "window", Do: func() error { _, err := l.Allow(ctx, "one"); return err }},
 		{Name: "pipeline", Do: func() error { _, err := p.allow(ctx, "one"); return err }},
@@ -155,20 +162,12 @@ return {1}`
 // at a time as fast as the pipeline window (the sequential target of
 // issue 11), interleaved as BenchmarkRedisSequential: it reports each
 // op's time over the pipeline's ("<op>/pipeline"); its ns/op is one step,
-// a call of every op. noop-script is a
-// script that only returns, sent with window.Redis's keys and arguments:
-// what EVALSHA costs before any work. least-script is leastExactLua.
+// a call of every op. noop-script is a script that only returns, sent
+// with window.Redis's keys and arguments: what EVALSHA costs before any
+// work. least-script is leastExactLua.
 func BenchmarkScriptFloor(b *testing.B) {
-	client := redistest.Shared(b).Client(b)
+	client, l, p := sequentialRivals(b)
 	ctx := context.Background()
-	l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := &pipelineWindow{client: client, rate: benchRate, prefix: freshPrefix()}
-	if err := p.member.init(); err != nil {
-		b.Fatal(err)
-	}
 	var m memberSource
 	if err := m.init(); err != nil {
 		b.Fatal(err)
