@@ -70,60 +70,51 @@ func loadJobs(path string) (jobsFile, error) {
 func parseJobs(r io.Reader) (jobsFile, error) {
 	jf := jobsFile{Rates: map[string]throttle.Rate{}}
 	ids := map[string]bool{}
-	sc := bufio.NewScanner(r)
-	n := 1
-	for ; sc.Scan(); n++ {
-		text := sc.Text()
-		if n == 1 {
-			text = strings.TrimPrefix(text, "\uFEFF") // a UTF-8 byte order mark
-		}
-		text = strings.TrimSpace(text)
-		if text == "" {
-			continue
-		}
+	err := eachLine(r, func(text string) error {
 		l, err := decodeLine(text)
 		if err != nil {
-			return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
+			return err
 		}
 		if err := checkTenant(l.Tenant); err != nil {
-			return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
+			return err
 		}
 		if l.Rate != "" {
-			if l.ID != "" {
-				return jobsFile{}, fmt.Errorf("line %d: a line has either an id (a job) or a rate (an override), not both", n)
+			if l.ID != "" || l.AtMS != 0 || l.Cost != 0 {
+				return errors.New("a rate line has a tenant and a rate only (a job has an id, and no rate)")
 			}
 			rate, err := throttle.ParseRate(l.Rate)
 			if err == nil {
 				err = checkPeriod(rate)
 			}
 			if err != nil {
-				return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
+				return err
 			}
 			if _, twice := jf.Rates[l.Tenant]; twice {
-				return jobsFile{}, fmt.Errorf("line %d: a second rate line for tenant %s", n, l.Tenant)
+				return fmt.Errorf("a second rate line for tenant %s", l.Tenant)
 			}
 			jf.Rates[l.Tenant] = rate
-			continue
+			return nil
 		}
 		j := l.job
 		if err := checkID(j.ID); err != nil {
-			return jobsFile{}, fmt.Errorf("line %d: %w", n, err)
+			return err
 		}
 		switch {
 		case ids[j.ID]:
-			return jobsFile{}, fmt.Errorf("line %d: duplicate id %q", n, j.ID)
+			return fmt.Errorf("duplicate id %q", j.ID)
 		case j.AtMS < 0 || j.AtMS > maxAtMS:
-			return jobsFile{}, fmt.Errorf("line %d: at_ms must be in [0, %d] (24h: the worker replays the file in real time), got %d", n, maxAtMS, j.AtMS)
+			return fmt.Errorf("at_ms must be in [0, %d] (24h: the worker replays the file in real time), got %d", maxAtMS, j.AtMS)
 		case j.Cost < 0:
-			return jobsFile{}, fmt.Errorf("line %d: cost must be >= 1, got %d", n, j.Cost)
+			return fmt.Errorf("cost must be >= 1, got %d", j.Cost)
 		}
 		if j.Cost == 0 {
 			j.Cost = 1
 		}
 		ids[j.ID] = true
 		jf.Jobs = append(jf.Jobs, j)
-	}
-	if err := scanError(sc.Err(), n); err != nil {
+		return nil
+	})
+	if err != nil {
 		return jobsFile{}, err
 	}
 	if len(jf.Jobs) == 0 {
@@ -151,6 +142,9 @@ func decodeLine(text string) (line, error) {
 	if err := dec.Decode(&l); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
+			if te.Field == "" {
+				return l, fmt.Errorf("a line must be a JSON object, got %s", te.Value)
+			}
 			field := te.Field[strings.LastIndex(te.Field, ".")+1:] // "job.at_ms": at_ms
 			return l, fmt.Errorf("%s must be %s, got %s", field, jsonKind(te.Type.Kind()), te.Value)
 		}
@@ -173,13 +167,38 @@ func jsonKind(k reflect.Kind) string {
 	return k.String()
 }
 
-// scanError is the error of a bufio.Scanner that stopped at line n: a line
-// over bufio.MaxScanTokenSize is named as such.
-func scanError(err error, n int) error {
-	if errors.Is(err, bufio.ErrTooLong) {
-		return fmt.Errorf("line %d: longer than %d bytes", n, bufio.MaxScanTokenSize)
+// maxLineLen bounds a line of a jobs or -rates file, in bytes.
+const maxLineLen = 64 << 10
+
+// eachLine calls each with every line of r that is not blank, trimmed,
+// after a UTF-8 byte order mark at the start of r; an error of each, or a
+// line over maxLineLen bytes, stops it with an error naming the line.
+func eachLine(r io.Reader, each func(text string) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), maxLineLen+len("\r\n"))
+	n := 1
+	for ; sc.Scan(); n++ {
+		text := sc.Text()
+		if n == 1 {
+			text = strings.TrimPrefix(text, "\uFEFF")
+		}
+		if len(text) > maxLineLen {
+			break
+		}
+		if text = strings.TrimSpace(text); text == "" {
+			continue
+		}
+		if err := each(text); err != nil {
+			return fmt.Errorf("line %d: %w", n, err)
+		}
 	}
-	return err
+	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
+		return err
+	}
+	if sc.Err() != nil || len(sc.Text()) > maxLineLen {
+		return fmt.Errorf("line %d: longer than %d bytes", n, maxLineLen)
+	}
+	return nil
 }
 
 // Bounds of a jobs file's fields. A tenant is a NATS subject token, a part
@@ -193,12 +212,12 @@ const (
 
 // checkTenant reports whether name can be one subject token (jobs.<tenant>).
 func checkTenant(name string) error {
-	return checkToken("tenant", name, maxTenantLen, ".*>", "must be a single NATS subject token (no '.', '*', '>', spaces or control characters)")
+	return checkToken("tenant", name, maxTenantLen, ".*>", "must be a single NATS subject token (no '.', '*', '>', spaces, control or format characters)")
 }
 
 // checkID reports whether id can be a message's id (a NATS header value).
 func checkID(id string) error {
-	return checkToken("id", id, maxIDLen, "", "must have no spaces or control characters")
+	return checkToken("id", id, maxIDLen, "", "must have no spaces, control or format characters")
 }
 
 // checkToken reports whether s, the value of field, is set, at most maxLen
@@ -216,7 +235,11 @@ func checkToken(field, s string, maxLen int, forbidden, rule string) error {
 	return nil
 }
 
-func isSpaceOrControl(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }
+// isSpaceOrControl reports spaces, control characters and invisible
+// format characters (Unicode Cf: a zero-width space, a byte order mark).
+func isSpaceOrControl(r rune) bool {
+	return unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r)
+}
 
 // checkPeriod refuses a rate whose period is shorter than a millisecond:
 // the worker times an admission only to within its decision's round trip,

@@ -68,9 +68,9 @@ func TestParseJobs(t *testing.T) {
 		{name: "negative offset", in: `{"id":"x","tenant":"a","at_ms":-1}`, wantErr: "at_ms"},
 		{name: "offset beyond a day", in: `{"id":"x","tenant":"a","at_ms":1000000000000000}`, wantErr: "at_ms must be in [0, 86400000]"},
 		{name: "long tenant", in: `{"id":"x","tenant":"` + strings.Repeat("t", 129) + `"}`, wantErr: "129 bytes, more than 128"},
-		{name: "tenant with control character", in: `{"id":"x","tenant":"a\u0000b"}`, wantErr: "control characters"},
+		{name: "tenant with control character", in: `{"id":"x","tenant":"a\u0000b"}`, wantErr: "control or format characters"},
 		{name: "long id", in: `{"id":"` + strings.Repeat("i", 257) + `","tenant":"a"}`, wantErr: "257 bytes, more than 256"},
-		{name: "id with newline", in: `{"id":"x\r\ny","tenant":"a"}`, wantErr: "no spaces or control characters"},
+		{name: "id with newline", in: `{"id":"x\r\ny","tenant":"a"}`, wantErr: "no spaces, control or format characters"},
 		{name: "byte order mark", in: "\uFEFF" + `{"id":"x","tenant":"a"}`, jobs: []string{"x"}},
 		{name: "two objects on a line", in: `{"id":"x","tenant":"a"} {"id":"y","tenant":"a"}`, wantErr: "line 1: more after the JSON object"},
 		{name: "a brace after the object", in: `{"id":"x","tenant":"a"}}`, wantErr: "line 1: more after the JSON object"},
@@ -80,10 +80,15 @@ func TestParseJobs(t *testing.T) {
 		{name: "rate line twice", in: `{"tenant":"a","rate":"5/s"}` + "\n" + `{"tenant":"a","rate":"7/s"}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 2: a second rate line for tenant a"},
 		{name: "rate line for a tenant without jobs", in: `{"tenant":"ghost","rate":"5/s"}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "a rate line for tenant ghost, which has no jobs"},
 		{name: "line too long", in: `{"id":"x","tenant":"a"}` + "\n" + `{"id":"` + strings.Repeat("i", 70000) + `","tenant":"a"}`, wantErr: "line 2: longer than 65536 bytes"},
+		{name: "a line of 65537 bytes", in: `{"id":"x","tenant":"a"}` + "\r\n" + strings.Repeat(" ", 65537-23) + `{"id":"y","tenant":"a"}` + "\r\n", wantErr: "line 2: longer than 65536 bytes"},
+		{name: "a line of 65536 bytes", in: `{"id":"x","tenant":"a"}` + "\r\n" + strings.Repeat(" ", 65536-23) + `{"id":"y","tenant":"a"}` + "\r\n", jobs: []string{"x", "y"}},
+		{name: "not an object", in: `[]`, wantErr: "line 1: a line must be a JSON object, got array"},
+		{name: "a rate line with a job's fields", in: `{"tenant":"a","rate":"5/s","cost":3}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 1: a rate line has a tenant and a rate only"},
+		{name: "zero-width space in an id", in: "{\"id\":\"a\u200bb\",\"tenant\":\"a\"}", wantErr: "no spaces, control or format characters"},
 		{name: "rate below a millisecond", in: `{"tenant":"a","rate":"1/1ns"}`, wantErr: "at least 1ms"},
 		{name: "negative cost", in: `{"id":"x","tenant":"a","cost":-1}`, wantErr: "cost"},
 		{name: "bad rate", in: `{"tenant":"a","rate":"5"}`, wantErr: "COUNT/PERIOD"},
-		{name: "id and rate", in: `{"id":"x","tenant":"a","rate":"5/s"}`, wantErr: "not both"},
+		{name: "id and rate", in: `{"id":"x","tenant":"a","rate":"5/s"}`, wantErr: "a rate line has a tenant and a rate only"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -737,6 +742,9 @@ func TestRunNeverAdmissible(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "throttle error: jobs.big:") {
 		t.Error("the termination is not reported")
+	}
+	if !strings.Contains(out.String(), "note: 1 job can never be admitted, and the throttle will terminate it (reported lost): huge-1 (cost 3, big admits at most 2)") {
+		t.Error("no note before the run of the job that can never be admitted")
 	}
 	if last := lastLine(out.String()); !strings.HasPrefix(last, "FAIL: not every job handled exactly once: 1 of 2 not handled (huge-1): 1 lost (terminated, or dropped at MaxDeliver), 0 never handled") {
 		t.Errorf("last line %q does not call the terminated job lost", last)

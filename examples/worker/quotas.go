@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -74,30 +73,29 @@ func loadQuotas(cfg config, jf jobsFile) (*quotas, error) {
 // and those starting with '#' are skipped.
 func parseRates(r io.Reader) (map[string]throttle.Quota, error) {
 	out := map[string]throttle.Quota{}
-	sc := bufio.NewScanner(r)
-	n := 1
-	for ; sc.Scan(); n++ {
-		text := strings.TrimSpace(sc.Text())
-		if text == "" || strings.HasPrefix(text, "#") {
-			continue
+	err := eachLine(r, func(text string) error {
+		if strings.HasPrefix(text, "#") {
+			return nil
 		}
-		tenant, rest, _ := strings.Cut(text, " ")
+		fields := strings.Fields(text)
+		tenant := fields[0]
 		if err := checkTenant(tenant); err != nil {
-			return nil, fmt.Errorf("line %d: %w", n, err)
+			return err
 		}
 		if _, dup := out[tenant]; dup {
-			return nil, fmt.Errorf("line %d: tenant %s twice", n, tenant)
+			return fmt.Errorf("tenant %s twice", tenant)
 		}
-		tq, err := throttle.ParseQuota(rest)
+		tq, err := throttle.ParseQuota(strings.Join(fields[1:], " "))
 		if err == nil {
 			err = checkPeriod(tq.Rate)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("line %d (%s): %w", n, tenant, err)
+			return fmt.Errorf("%s: %w", tenant, err)
 		}
 		out[tenant] = tq
-	}
-	return out, scanError(sc.Err(), n)
+		return nil
+	})
+	return out, err
 }
 
 // of returns tenant's quota: with the Redis hash, as it is now; else as
@@ -112,6 +110,29 @@ func (q *quotas) of(tenant string) throttle.Quota {
 		return tq
 	}
 	return q.def
+}
+
+// costNote warns, before the run, of the jobs whose cost is beyond what
+// their tenant's limiter can ever admit (a window's count, a bucket's
+// burst): the throttle terminates them, and the run reports them lost.
+// It returns "" when there are none.
+func (q *quotas) costNote(jf jobsFile, family string) string {
+	var over []string
+	for _, j := range jf.Jobs {
+		tq := q.of(j.Tenant)
+		most := tq.Rate.Count
+		if family != familyWindow && family != "" && tq.Burst > 0 {
+			most = tq.Burst
+		}
+		if j.Cost > most {
+			over = append(over, fmt.Sprintf("%s (cost %d, %s admits at most %d)", j.ID, j.Cost, j.Tenant, most))
+		}
+	}
+	if len(over) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("note: %s can never be admitted, and the throttle will terminate it (reported lost): %s\n",
+		plural(len(over), "job"), sample(over))
 }
 
 // rate returns tenant's rate (see of).

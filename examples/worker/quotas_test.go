@@ -20,11 +20,12 @@ func TestParseRates(t *testing.T) {
 		err  string
 	}{
 		{name: "lines", in: "# tenant quota\n\ninitech 10/1s\n  globex   50/1s burst 100  \n", want: map[string]string{"initech": "10/1s", "globex": "50/1s burst 100"}},
-		{name: "no quota", in: "initech\n", err: "line 1 (initech)"},
-		{name: "bad burst", in: "a 1/s\nb 10/1s burst -2\n", err: "line 2 (b): throttle: invalid option Quota.Burst"},
+		{name: "no quota", in: "initech\n", err: "line 1: initech: "},
+		{name: "bad burst", in: "a 1/s\nb 10/1s burst -2\n", err: "line 2: b: throttle: invalid option Quota.Burst"},
 		{name: "twice", in: "a 1/s\na 2/s\n", err: "line 2: tenant a twice"},
 		{name: "bad tenant", in: "a.b 1/s\n", err: "line 1: tenant \"a.b\""},
-		{name: "period below a millisecond", in: "a 1/500us\n", err: "line 1 (a): rate 1/500µs: the worker needs a period of at least 1ms"},
+		{name: "tabs and a byte order mark", in: "\uFEFFa\t5/1s\tburst 3\n", want: map[string]string{"a": "5/1s burst 3"}},
+		{name: "period below a millisecond", in: "a 1/500us\n", err: "line 1: a: rate 1/500µs: the worker needs a period of at least 1ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

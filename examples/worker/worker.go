@@ -193,7 +193,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s%s%s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, q.text(),
 		describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
-	fmt.Fprint(out, drainNote(jf, cfg, 1))
+	fmt.Fprint(out, drainNote(jf, cfg, 1), q.costNote(jf, cfg.Limiter))
 	if metricsAddr != "" {
 		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
 	}
@@ -967,7 +967,11 @@ func consumerInfo(cons jetstream.Consumer) (string, int) {
 	if err != nil {
 		return "", -1
 	}
-	return fmt.Sprintf("consumer %s: %d deliveries, %d unacknowledged, %d undelivered", durableName, ci.Delivered.Consumer, ci.NumAckPending, ci.NumPending), int(ci.Delivered.Consumer)
+	deliveries := fmt.Sprintf("%d deliveries", ci.Delivered.Consumer)
+	if ci.Delivered.Consumer == 1 {
+		deliveries = "1 delivery"
+	}
+	return fmt.Sprintf("consumer %s: %s, %d unacknowledged, %d undelivered", durableName, deliveries, ci.NumAckPending, ci.NumPending), int(ci.Delivered.Consumer)
 }
 
 // printStop prints why the run stopped early, if it did, and the consumer
