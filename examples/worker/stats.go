@@ -633,8 +633,8 @@ func (rep report) printTable(w io.Writer, heading string) {
 		if rep.Archived < 0 {
 			archived = "unknown"
 		}
-		fmt.Fprintf(w, "asynq: %s archived, %d failed; at most %d rejections of one task, with MaxRetry %d\n",
-			archived, rep.Failed, rep.MostRejections, rep.MaxRetry)
+		fmt.Fprintf(w, "asynq: %s archived, %d failed; at most %s of one task, with MaxRetry %d\n",
+			archived, rep.Failed, plural(rep.MostRejections, "rejection"), rep.MaxRetry)
 		if rep.Failed > 0 {
 			fmt.Fprintln(w, "(failed: attempts asynq counted as failures: a handler's error, or a lease that expired, as when a Redis fault lost a run's completion and asynq's recoverer ran the task again; rejections are not counted)")
 		}
