@@ -192,14 +192,7 @@ func BenchmarkScriptFloor(b *testing.B) {
 		{Name: "least-script", Do: func() error { return run(least, "1", leastKey, win, limit, m.next(), expiry) }},
 		{Name: "ping", Do: func() error { return client.Ping(ctx).Err() }},
 	}
-	do := make([]func() error, len(ops))
-	for i, op := range ops {
-		do[i] = op.Do
-	}
-	spent, _, opErr := benchtest.TimeInterleaved(do, func(int) bool { return b.Loop() })
-	if opErr != nil {
-		b.Fatalf("%s: %v", ops[opErr.Op].Name, opErr.Err)
-	}
+	spent, _ := benchtest.TimeOps(b, ops)
 	for i, op := range ops[1:] {
 		b.ReportMetric(float64(spent[i+1])/float64(spent[0]), op.Name+"/pipeline")
 	}

@@ -490,7 +490,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s) for %d worker processes; %s, %s%s%s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(),
 		cfg.Instances, spec.describe(rc.Options().Addr), q.text()+"; quotas in Redis hash "+prefix+"quotas", describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
-	fmt.Fprint(out, drainNote(jf, cfg, cfg.Instances), q.costNote(jf, cfg.Limiter))
+	fmt.Fprint(out, drainNote(jf, cfg, cfg.Instances), spec.costNote(jf, q.rate))
 
 	tp := noop.NewTracerProvider()
 	pctx, pcancel := context.WithCancel(ctx)

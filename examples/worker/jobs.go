@@ -176,6 +176,7 @@ const maxLineLen = 64 << 10
 func eachLine(r io.Reader, each func(text string) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), maxLineLen+len("\r\n"))
+	tooLong := func(n int) error { return fmt.Errorf("line %d: longer than %d bytes", n, maxLineLen) }
 	n := 1
 	for ; sc.Scan(); n++ {
 		text := sc.Text()
@@ -183,7 +184,7 @@ func eachLine(r io.Reader, each func(text string) error) error {
 			text = strings.TrimPrefix(text, "\uFEFF")
 		}
 		if len(text) > maxLineLen {
-			break
+			return tooLong(n)
 		}
 		if text = strings.TrimSpace(text); text == "" {
 			continue
@@ -192,13 +193,10 @@ func eachLine(r io.Reader, each func(text string) error) error {
 			return fmt.Errorf("line %d: %w", n, err)
 		}
 	}
-	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
-		return err
+	if errors.Is(sc.Err(), bufio.ErrTooLong) {
+		return tooLong(n)
 	}
-	if sc.Err() != nil || len(sc.Text()) > maxLineLen {
-		return fmt.Errorf("line %d: longer than %d bytes", n, maxLineLen)
-	}
-	return nil
+	return sc.Err()
 }
 
 // Bounds of a jobs file's fields. A tenant is a NATS subject token, a part

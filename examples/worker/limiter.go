@@ -88,6 +88,29 @@ func (s limiterSpec) burstFor(tenant string, r throttle.Rate) int {
 	return s.burstOf(r)
 }
 
+// costNote warns, before the run, of the jobs whose cost is beyond what
+// their tenant's limiter can ever admit (a window's count, a bucket's
+// burst) at its rate (rateOf): the throttle terminates them, and the run
+// reports them lost. It returns "" when there are none.
+func (s limiterSpec) costNote(jf jobsFile, rateOf func(tenant string) throttle.Rate) string {
+	var over []string
+	for _, j := range jf.Jobs {
+		r := rateOf(j.Tenant)
+		most := r.Count
+		if s.bucketed() {
+			most = s.burstFor(j.Tenant, r)
+		}
+		if j.Cost > most {
+			over = append(over, fmt.Sprintf("%s (cost %d, %s admits at most %d)", j.ID, j.Cost, j.Tenant, most))
+		}
+	}
+	if len(over) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("note: %s can never be admitted, and the throttle will terminate it (reported lost): %s\n",
+		plural(len(over), "job"), sample(over))
+}
+
 // boundFor is bound for tenant, with its own burst.
 func (s limiterSpec) boundFor(tenant string, r throttle.Rate) (int, string) {
 	if b, ok := s.Bursts[tenant]; ok {

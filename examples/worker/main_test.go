@@ -882,3 +882,14 @@ func TestStopPublisherWaitsForTheLastAcks(t *testing.T) {
 		t.Fatalf("took %v: waited for a publisher of a run stopped early", d)
 	}
 }
+
+func TestPlural(t *testing.T) {
+	for _, tt := range []struct {
+		n          int
+		noun, want string
+	}{{1, "delivery", "1 delivery"}, {2, "delivery", "2 deliveries"}, {3, "key", "3 keys"}, {0, "job", "0 jobs"}, {2, "y", "2 ys"}} {
+		if got := plural(tt.n, tt.noun); got != tt.want {
+			t.Errorf("plural(%d, %q) = %q, want %q", tt.n, tt.noun, got, tt.want)
+		}
+	}
+}

@@ -112,29 +112,6 @@ func (q *quotas) of(tenant string) throttle.Quota {
 	return q.def
 }
 
-// costNote warns, before the run, of the jobs whose cost is beyond what
-// their tenant's limiter can ever admit (a window's count, a bucket's
-// burst): the throttle terminates them, and the run reports them lost.
-// It returns "" when there are none.
-func (q *quotas) costNote(jf jobsFile, family string) string {
-	var over []string
-	for _, j := range jf.Jobs {
-		tq := q.of(j.Tenant)
-		most := tq.Rate.Count
-		if family != familyWindow && family != "" && tq.Burst > 0 {
-			most = tq.Burst
-		}
-		if j.Cost > most {
-			over = append(over, fmt.Sprintf("%s (cost %d, %s admits at most %d)", j.ID, j.Cost, j.Tenant, most))
-		}
-	}
-	if len(over) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("note: %s can never be admitted, and the throttle will terminate it (reported lost): %s\n",
-		plural(len(over), "job"), sample(over))
-}
-
 // rate returns tenant's rate (see of).
 func (q *quotas) rate(tenant string) throttle.Rate { return q.of(tenant).Rate }
 

@@ -193,7 +193,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s%s%s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, q.text(),
 		describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
-	fmt.Fprint(out, drainNote(jf, cfg, 1), q.costNote(jf, cfg.Limiter))
+	fmt.Fprint(out, drainNote(jf, cfg, 1), spec.costNote(jf, q.rate))
 	if metricsAddr != "" {
 		fmt.Fprintf(out, "serving the throttle's metrics for Prometheus at http://%s/metrics\n", metricsAddr)
 	}
@@ -937,10 +937,13 @@ func (l *errorLog) lines(kind string) []string {
 	return lines
 }
 
-// plural returns "1 job", "2 jobs".
+// plural returns "1 job", "2 jobs", "2 deliveries".
 func plural(n int, noun string) string {
 	if n == 1 {
 		return "1 " + noun
+	}
+	if stem, ok := strings.CutSuffix(noun, "y"); ok && stem != "" && !strings.ContainsAny(stem[len(stem)-1:], "aeiou") {
+		return strconv.Itoa(n) + " " + stem + "ies" // delivery: deliveries
 	}
 	return strconv.Itoa(n) + " " + noun + "s"
 }
@@ -967,11 +970,7 @@ func consumerInfo(cons jetstream.Consumer) (string, int) {
 	if err != nil {
 		return "", -1
 	}
-	deliveries := fmt.Sprintf("%d deliveries", ci.Delivered.Consumer)
-	if ci.Delivered.Consumer == 1 {
-		deliveries = "1 delivery"
-	}
-	return fmt.Sprintf("consumer %s: %s, %d unacknowledged, %d undelivered", durableName, deliveries, ci.NumAckPending, ci.NumPending), int(ci.Delivered.Consumer)
+	return fmt.Sprintf("consumer %s: %s, %d unacknowledged, %d undelivered", durableName, plural(int(ci.Delivered.Consumer), "delivery"), ci.NumAckPending, ci.NumPending), int(ci.Delivered.Consumer)
 }
 
 // printStop prints why the run stopped early, if it did, and the consumer

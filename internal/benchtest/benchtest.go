@@ -136,6 +136,19 @@ type Op struct {
 // error fails the benchmark.
 func Interleaved(b *testing.B, ops []Op) {
 	b.Helper()
+	spent, steps := TimeOps(b, ops)
+	for i, op := range ops {
+		b.ReportMetric(float64(spent[i].Nanoseconds())/float64(steps), op.Name+"-ns")
+		if i > 0 {
+			b.ReportMetric(float64(spent[0])/float64(spent[i]), ops[0].Name+"/"+op.Name)
+		}
+	}
+}
+
+// TimeOps is TimeInterleaved for a benchmark, one step per iteration: it
+// returns each op's time in all and the steps run; an error fails b.
+func TimeOps(b *testing.B, ops []Op) (spent []time.Duration, steps int) {
+	b.Helper()
 	do := make([]func() error, len(ops))
 	for i, op := range ops {
 		do[i] = op.Do
@@ -144,12 +157,7 @@ func Interleaved(b *testing.B, ops []Op) {
 	if err != nil {
 		b.Fatalf("%s: %v", ops[err.Op].Name, err.Err)
 	}
-	for i, op := range ops {
-		b.ReportMetric(float64(spent[i].Nanoseconds())/float64(steps), op.Name+"-ns")
-		if i > 0 {
-			b.ReportMetric(float64(spent[0])/float64(spent[i]), ops[0].Name+"/"+op.Name)
-		}
-	}
+	return spent, steps
 }
 
 // OpError is the error of op number Op of TimeInterleaved.
