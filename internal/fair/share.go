@@ -1,0 +1,198 @@
+package fair
+
+import (
+	"container/heap"
+	"math"
+	"slices"
+	"time"
+)
+
+// demand is how many handlers k would use now, as the shares see it: its
+// average running count, or what it runs and has waiting (here and in the
+// broker) if that is more. A blocked key needs only what it runs.
+func (s *Scheduler) demand(k *keyState, now time.Time) float64 {
+	d := max(k.busy.v, float64(k.running))
+	if k.blockedNow() {
+		if k.untilDone {
+			return max(d, float64(k.inFlightCap))
+		}
+		return d
+	}
+	want := float64(k.running + len(k.queue) + k.backlog)
+	if k.cursor.After(now) {
+		want += math.Ceil(k.cursor.Sub(now).Seconds() * k.pace)
+	}
+	return max(d, want)
+}
+
+// classify splits the active keys into light and heavy by max-min fair
+// (water-filling) shares of the handlers, when the last split is stale,
+// and drops the state of keys idle for dropAfter.
+func (s *Scheduler) classify(now time.Time) {
+	if !s.dirty && now.Sub(s.classified) < classifyEvery {
+		return
+	}
+	s.dirty = false
+	s.classified = now
+	type active struct {
+		k *keyState
+		d float64
+	}
+	var keys []active
+	wsum := 0.0
+	for name, k := range s.keys {
+		k.busy.update(now, k.running)
+		d := s.demand(k, now)
+		if d < busyFloor && k.running == 0 && len(k.queue) == 0 {
+			k.light, k.share = true, 0
+			if now.Sub(k.lastSeen) > dropAfter && !k.cursor.After(now) && !k.blockedNow() {
+				delete(s.keys, name)
+			}
+			continue
+		}
+		keys = append(keys, active{k, d})
+		wsum += k.weight
+	}
+	slices.SortFunc(keys, func(a, b active) int {
+		x, y := a.d/a.k.weight, b.d/b.k.weight
+		switch {
+		case x < y:
+			return -1
+		case x > y:
+			return 1
+		}
+		return int(a.k.seq) - int(b.k.seq)
+	})
+	left := float64(s.handlers)
+	s.lightNow = false
+	s.lightShare = 0
+	i := 0
+	for ; i < len(keys); i++ {
+		a := keys[i]
+		if a.d >= left/wsum*a.k.weight {
+			break
+		}
+		a.k.light, a.k.share = true, a.d
+		s.lightShare += a.d
+		left -= a.d
+		wsum -= a.k.weight
+		if a.k.running > 0 || len(a.k.queue) > 0 || now.Sub(a.k.lastSeen) < activeFor {
+			s.lightNow = true
+		}
+	}
+	for _, a := range keys[i:] {
+		a.k.light, a.k.share = false, left/wsum*a.k.weight
+	}
+	heap.Init(&s.ready)
+	for _, a := range keys {
+		s.trim(a.k, now) // the shares moved: so did the expected waits
+	}
+}
+
+// rate is how many grants per second k can expect: its share divided by
+// its handler time; 0 when unknown.
+func (s *Scheduler) rate(k *keyState) float64 {
+	svc := s.expectedService(k)
+	if svc <= 0 || k.share <= 0 {
+		return 0
+	}
+	return k.share / svc
+}
+
+// expectedWait is how long the waiting t can expect to wait for its grant,
+// and whether that is known (handler times measured).
+func (s *Scheduler) expectedWait(k *keyState, t *Ticket, now time.Time) (time.Duration, bool) {
+	var wait time.Duration
+	if !k.blockedUntil.IsZero() {
+		wait = k.blockedUntil.Sub(now)
+	}
+	if k.light && !k.blockedNow() {
+		return wait, true
+	}
+	r := s.rate(k)
+	if r <= 0 {
+		return wait, false
+	}
+	pos := len(k.queue)
+	for i, q := range k.queue {
+		if q == t {
+			pos = i + 1
+			break
+		}
+	}
+	return wait + seconds(float64(pos)/r), true
+}
+
+// trim defers the deferrable tickets at the back of k's queue that are
+// over its bound (twice its share, at least 2) or would wait longer than
+// they may, once handler times are known.
+func (s *Scheduler) trim(k *keyState, now time.Time) {
+	if !s.service.known() || len(k.queue) == 0 || (k.light && !k.blockedNow()) {
+		return
+	}
+	bound := int(math.Ceil(max(2, 2*k.share)))
+	cut := len(k.queue)
+	for cut > 0 {
+		t := k.queue[cut-1]
+		if t.maxWait <= 0 {
+			break
+		}
+		wait, known := s.expectedWait(k, t, now)
+		if cut <= bound && !(known && wait > t.maxWait) {
+			break
+		}
+		cut--
+	}
+	if cut < len(k.queue) {
+		s.evict(k.queue[cut:], now)
+	}
+}
+
+// trimLongest defers the last deferrable waiting ticket of the heavy (or
+// blocked) key with the most waiting, once handler times are known: MaxQueued is exceeded.
+func (s *Scheduler) trimLongest(now time.Time) {
+	if !s.service.known() {
+		return
+	}
+	var longest *keyState
+	for _, k := range s.keys {
+		if n := len(k.queue); n > 0 && (!k.light || k.blockedNow()) && k.queue[n-1].maxWait > 0 && (longest == nil || n > len(longest.queue)) {
+			longest = k
+		}
+	}
+	if longest != nil {
+		s.evict(longest.queue[len(longest.queue)-1:], now)
+	}
+}
+
+// evict defers the waiting tickets ts of one key, in their order: each
+// gets the next slot of its key's share (see deferral).
+func (s *Scheduler) evict(ts []*Ticket, now time.Time) {
+	for _, t := range slices.Clone(ts) {
+		wait, _ := s.expectedWait(t.k, t, now)
+		s.unqueue(t)
+		t.delay = s.deferral(t.k, now, wait)
+		close(t.deferred)
+		if s.onDefer != nil {
+			s.onDefer(t)
+		}
+	}
+}
+
+// deferral returns the delay of a message of k deferred now, expected to
+// wait wait here: the next slot of its key's share after the messages
+// deferred before it, which it then takes.
+func (s *Scheduler) deferral(k *keyState, now time.Time, wait time.Duration) time.Duration {
+	r := s.rate(k)
+	if r <= 0 {
+		r = 1 // unknown: one a second
+	}
+	slot := now.Add(wait)
+	if k.cursor.After(slot) {
+		slot = k.cursor
+	}
+	k.cursor = slot.Add(seconds(1 / r))
+	k.pace = r
+	s.dirty = true
+	return slot.Sub(now)
+}
