@@ -258,18 +258,23 @@ func requestID(msg jetstream.Msg) (id, waitKey string, delivery uint64) {
 // near slot or holds it on its last delivery. It ends span unless a
 // goroutine took the message.
 func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
-	d, err := h.admit(ctx, r)
-	retry, done := h.decided(ctx, span, r, d, err, nil)
-	if done {
+	v := h.judge(ctx, span, r)
+	switch {
+	case v.done:
+		span.End()
+		return
+	case v.run:
+		h.run(ctx, span, r, v.slot)
 		span.End()
 		return
 	}
-	if d.Reserved && retry <= h.cfg.maxWait && h.startWait(r, retry) {
+	retry := v.retry
+	if v.reserved && retry <= h.cfg.maxWait && h.startWait(r, retry) {
 		go h.wait(ctx, span, r, retry)
 		return
 	}
 	if !h.lastDelivery(r.msg) {
-		if d.Reserved {
+		if v.reserved {
 			// The slot is the message's own: no jitter (the herd a jitter
 			// spreads is already spread). The server may redeliver late
 			// (with more than 1,024 messages pending it skips its
@@ -285,8 +290,7 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 
 	// Last delivery: a NAK would make the server drop the message for this
 	// consumer (MaxDeliver), so hold it instead, on its own goroutine.
-	d.RetryAfter = retry
-	h.startHold(ctx, span, r, d)
+	h.startHold(ctx, span, r, throttle.Decision{RetryAfter: retry})
 }
 
 // startHold holds r, on its last delivery, on a goroutine of its own until
@@ -366,17 +370,34 @@ func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.
 	h.decide(ctx, span, r)
 }
 
-// decided handles an admission, a usage error or a never-admissible
-// rejection, and reports done. Otherwise it returns the retry-after of the
-// rejection, or of the in-flight slot refused to an admitted message.
-// admitted, when not nil, runs once the message has its slot, just before
-// the wrapped handler.
-func (h *Handler) decided(ctx context.Context, span trace.Span, r *request, d throttle.Decision, err error, admitted func()) (time.Duration, bool) {
-	msg := r.msg
+// verdict is what r's limits said: run it (with its in-flight slot, nil
+// without one), or it is done with (terminated, superseded), or ask again
+// after retry.
+type verdict struct {
+	run      bool
+	slot     *inflight.Slot
+	done     bool
+	retry    time.Duration
+	reserved bool // the rejection reserved the message's own slot
+	refused  bool // its in-flight limit refused a slot: one may come back when a handler of the key ends
+}
+
+// judge asks r's in-flight limit for a slot (WithInFlight), then the Gate,
+// so that a message that cannot get a slot is never charged by the rate.
+// It handles a usage error or a never-admissible rejection (Term), and a
+// delivery superseded while it waited; a slot taken for a message the
+// Gate then rejects is released.
+func (h *Handler) judge(ctx context.Context, span trace.Span, r *request) verdict {
+	s, retry, refused, ok := h.acquire(ctx, span, r)
+	if !ok {
+		return verdict{retry: retry, refused: refused}
+	}
+	d, err := h.admit(ctx, r)
+	var v verdict
 	switch {
 	case err != nil && throttle.IsUsageError(err):
-		h.terminate(ctx, span, msg, err)
-		return 0, true
+		h.terminate(ctx, span, r.msg, err)
+		v.done = true
 	case err != nil:
 		// No decision within the decision timeout (the context's error):
 		// retry after the Gate's degraded retry-after.
@@ -385,32 +406,26 @@ func (h *Handler) decided(ctx context.Context, span trace.Span, r *request, d th
 		} else {
 			err = fmt.Errorf("natsthrottle: admit: %w", err)
 		}
-		h.fail(ctx, span, msg, err)
+		h.fail(ctx, span, r.msg, err)
+		v.retry = d.RetryAfter
 		if d.RetryAfter < 0 || d.RetryAfter == throttle.Never {
-			return errorRetry, false
+			v.retry = errorRetry
 		}
-		return d.RetryAfter, false
 	case d.Allowed && h.superseded(r):
 		// Admitted, but a newer delivery of the message arrived while this
 		// one waited: that one runs (admitted again, free), not both.
 		h.supersede(ctx, span, r)
-		return 0, true
+		v.done = true
 	case d.Allowed:
-		s, retry, ok := h.acquire(ctx, span, r)
-		if !ok {
-			return retry, false
-		}
-		if admitted != nil {
-			admitted()
-		}
-		span.SetAttributes(DispositionAttr.String(DispositionHandled))
-		h.run(ctx, r, s)
-		return 0, true
+		return verdict{run: true, slot: s}
 	case d.RetryAfter == throttle.Never:
-		h.terminate(ctx, span, msg, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
-		return 0, true
+		h.terminate(ctx, span, r.msg, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
+		v.done = true
+	default:
+		v.retry, v.reserved = d.RetryAfter, d.Reserved
 	}
-	return d.RetryAfter, false
+	s.Release()
+	return v
 }
 
 // lastDelivery reports whether the server would not redeliver msg after a
@@ -519,17 +534,19 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, r *request, d throt
 			// than usual because of it.
 			beat()
 		}
-		d, err := h.admit(ctx, r)
-		retry, done := h.decided(ctx, span, r, d, err, func() {
+		v := h.judge(ctx, span, r)
+		switch {
+		case v.done:
+			return
+		case v.run:
 			// Admitted, with its slot: give the wrapped handler a full
 			// AckWait.
 			beat()
 			release()
-		})
-		if done {
+			h.run(ctx, span, r, v.slot)
 			return
 		}
-		timer.Reset(h.delay(retry))
+		timer.Reset(h.delay(v.retry))
 	}
 }
 

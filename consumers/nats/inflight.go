@@ -12,16 +12,16 @@ import (
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
-// acquire takes the in-flight slot of r, admitted by the Gate, when the
-// Handler has an in-flight limiter (WithInFlight). It reports ok with the
+// acquire takes the in-flight slot of r when the Handler has an in-flight
+// limiter (WithInFlight), before the Gate decides. It reports ok with the
 // slot to run the wrapped handler with (nil without a limiter, or when the
-// limiter failed under FailOpen), or !ok with the retry-after of the
-// refusal: the earliest lease end of the key, or the Gate's degraded
-// retry-after when the limiter failed under FailClosed. Limiter errors go
-// to the error handler.
-func (h *Handler) acquire(ctx context.Context, span trace.Span, r *request) (*inflight.Slot, time.Duration, bool) {
+// limiter failed under FailOpen), or !ok with the retry-after: refused,
+// the earliest lease end of the key; or the Gate's degraded retry-after
+// when the limiter failed under FailClosed. Limiter errors go to the
+// error handler.
+func (h *Handler) acquire(ctx context.Context, span trace.Span, r *request) (s *inflight.Slot, retry time.Duration, refused, ok bool) {
 	if h.cfg.inFlight == nil {
-		return nil, 0, true
+		return nil, 0, false, true
 	}
 	id := r.id
 	if id == "" {
@@ -36,21 +36,22 @@ func (h *Handler) acquire(ctx context.Context, span trace.Span, r *request) (*in
 		h.fail(ctx, span, msg, fmt.Errorf("natsthrottle: %w", err))
 		span.SetAttributes(InFlightAttr.String(InFlightError))
 		if h.gate.Policy() == throttle.FailOpen {
-			return nil, 0, true
+			return nil, 0, false, true
 		}
-		return nil, h.gate.DegradedRetryAfter(), false
+		return nil, h.gate.DegradedRetryAfter(), false, false
 	case s == nil:
 		span.SetAttributes(InFlightAttr.String(InFlightRejected))
-		return nil, max(d.RetryAfter, time.Millisecond), false
+		return nil, max(d.RetryAfter, time.Millisecond), true, false
 	}
 	span.SetAttributes(InFlightAttr.String(InFlightAcquired))
-	return s, 0, true
+	return s, 0, false, true
 }
 
 // run runs the wrapped handler on r's message, holding s (may be nil)
 // until the handler returns or acknowledges the message, and renewing it
 // meanwhile. A Backoff the handler called is carried out once it returns.
-func (h *Handler) run(ctx context.Context, r *request, s *inflight.Slot) {
+func (h *Handler) run(ctx context.Context, span trace.Span, r *request, s *inflight.Slot) {
+	span.SetAttributes(DispositionAttr.String(DispositionHandled))
 	if s != nil {
 		s.KeepAlive()
 		defer s.Release()
