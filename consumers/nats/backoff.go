@@ -96,7 +96,7 @@ func (h *Handler) putBack(m *tracedMsg, d time.Duration) {
 	r := m.r
 	span := trace.SpanFromContext(m.ctx)
 	switch {
-	case d <= h.cfg.maxWait && h.startWait(r, d):
+	case !r.keyed && d <= h.cfg.maxWait && h.startWait(r, d):
 		ctx, wspan := h.startSpan(r.msg)
 		wspan.SetAttributes(BackoffMsAttr.Int64(d.Milliseconds()))
 		go h.wait(ctx, wspan, r, d)

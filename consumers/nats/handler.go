@@ -11,12 +11,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/queuethrottle/queuethrottle/internal/fair"
 	"github.com/queuethrottle/queuethrottle/internal/inflight"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -57,8 +59,10 @@ type Handler struct {
 	waiting    atomic.Int64 // messages waiting in process for a near slot
 	heartbeats atomic.Int64 // InProgress sent for held messages
 
-	storeErrs throttle.StoreErrors // rate limit of store failures reported
-	waiters   deliveries           // the newest delivery of each message waiting here
+	storeErrs   throttle.StoreErrors         // rate limit of store failures reported
+	waiters     deliveries                   // the newest delivery of each message waiting here
+	sched       *fair.Scheduler              // the fair shares of the WithConcurrency handlers; nil without
+	deferredIDs *lru.Cache[string, struct{}] // messages the fair shares sent back (see deferred)
 }
 
 // New returns a Handler that gates next with g. next and g are required;
@@ -115,6 +119,10 @@ func build(next jetstream.MessageHandler, g *throttle.Gate, opts []Option) (*Han
 	}
 	if cfg.concurrency > 1 {
 		h.sem = make(chan struct{}, cfg.concurrency)
+	}
+	if cfg.concurrency >= 1 && !cfg.noFair {
+		h.sched, _ = fair.New(fair.Config{Handlers: cfg.concurrency, Weight: cfg.weights})
+		h.deferredIDs = newDeferredSet()
 	}
 	switch {
 	case err != nil:
@@ -185,7 +193,7 @@ func (h *Handler) Handle(msg jetstream.Msg) {
 		zero.misconfigured(&throttle.OptionError{Field: "Handler", Reason: "not built by New (zero Handler)"})(msg)
 		return
 	}
-	if h.sem == nil || !h.startAsync() {
+	if h.sched != nil || h.sem == nil || !h.startAsync() {
 		h.handle(msg, time.Now())
 		return
 	}
@@ -224,6 +232,10 @@ func (h *Handler) handle(msg jetstream.Msg, arrived time.Time) {
 	r := &request{msg: msg, key: key, cost: cost, arrived: arrived}
 	r.id, r.waitKey, r.delivery = requestID(msg)
 	h.deliveryArrived(r)
+	if h.sched != nil {
+		h.arrive(ctx, span, r)
+		return
+	}
 	h.decide(ctx, span, r)
 }
 
@@ -236,6 +248,7 @@ type request struct {
 	waitKey  string    // its message among waiting deliveries (see deliveries); "" without metadata
 	delivery uint64    // its NumDelivered (0 without metadata)
 	arrived  time.Time // when this delivery reached Handle
+	keyed    bool      // pulled by a KeyedConsumer: put back by NAK, never waiting outside its key's turn
 }
 
 // requestID is the identity the Gate decides msg by: its stream and
@@ -365,6 +378,10 @@ func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.
 	if h.superseded(r) {
 		h.supersede(ctx, span, r)
 		span.End()
+		return
+	}
+	if h.sched != nil && !r.keyed {
+		h.schedule(ctx, span, r) // back into its key's turn
 		return
 	}
 	h.decide(ctx, span, r)

@@ -79,64 +79,82 @@ func (r *running) count() int {
 // TestInFlightLimitsHandlers sends a burst of one key to a Handler that
 // decides 8 messages at once and allows 2 handlers of a key at a time:
 // never more than 2 run at once, every message is handled exactly once,
-// refused messages are NAKed (or held on their last delivery) and never
-// dropped at MaxDeliver, and every slot is free afterwards.
+// refused messages wait in process for a handler of their key to end (in
+// the fair shares) or, without them, are NAKed (or held on their last
+// delivery), never dropped at MaxDeliver, and every slot is free
+// afterwards.
 func TestInFlightLimitsHandlers(t *testing.T) {
 	const (
 		limit = 2
 		msgs  = 12
 		work  = 100 * time.Millisecond
 	)
-	for _, maxDeliver := range []int{5, 1} {
-		for _, lim := range inFlightLimiters(t, limit) {
-			t.Run(fmt.Sprintf("%s/MaxDeliver=%d", lim.name, maxDeliver), func(t *testing.T) {
-				e := newEnv(t)
-				cfg := jetstream.ConsumerConfig{AckWait: 2 * time.Second, MaxDeliver: maxDeliver}
-				c := e.consumer(t, cfg)
-				maxed := e.watch(t, maxDeliveriesAdvisory)
-				naked := e.watch(t, nakAdvisory)
-				var reported errs
-				r := newRunning()
-				h := newHandler(t, r.handler(work), newGate(t, throttle.PerSecond(1000), nil),
-					WithConsumerConfig(cfg), WithConcurrency(8), WithJitter(0, 0),
-					WithInFlight(lim.l, 300*time.Millisecond), WithErrorHandler(reported.handle))
-				consume(t, c, h.Handle)
-				for i := range msgs {
-					e.publish(t, "jobs.a", fmt.Sprint(i), nil)
-				}
-				waitFor(t, 15*time.Second, "every message handled", func() bool { return r.count() == msgs })
-				time.Sleep(200 * time.Millisecond) // any duplicate would show by now
-				if most := r.most.Load(); most != limit {
-					t.Errorf("%d handlers ran at once, want exactly %d", most, limit)
-				}
-				r.mu.Lock()
-				for seq, n := range r.handled {
-					if n != 1 {
-						t.Errorf("stream seq %d handled %d times", seq, n)
+	for _, fairOn := range []bool{true, false} {
+		for _, maxDeliver := range []int{5, 1} {
+			for _, lim := range inFlightLimiters(t, limit) {
+				t.Run(fmt.Sprintf("%s/MaxDeliver=%d/fair=%v", lim.name, maxDeliver, fairOn), func(t *testing.T) {
+					e := newEnv(t)
+					cfg := jetstream.ConsumerConfig{AckWait: 2 * time.Second, MaxDeliver: maxDeliver}
+					c := e.consumer(t, cfg)
+					maxed := e.watch(t, maxDeliveriesAdvisory)
+					naked := e.watch(t, nakAdvisory)
+					var reported errs
+					r := newRunning()
+					h := newHandler(t, r.handler(work), newGate(t, throttle.PerSecond(1000), nil),
+						WithConsumerConfig(cfg), WithConcurrency(8), WithJitter(0, 0),
+						WithInFlight(lim.l, 300*time.Millisecond), WithErrorHandler(reported.handle), WithFair(fairOn))
+					consume(t, c, h.Handle)
+					for i := range msgs {
+						e.publish(t, "jobs.a", fmt.Sprint(i), nil)
 					}
-				}
-				r.mu.Unlock()
-				if n := len(maxed.all()); n != 0 {
-					t.Errorf("%d MAX_DELIVERIES advisories", n)
-				}
-				if maxDeliver > 1 && len(naked.all()) == 0 {
-					t.Error("no message was NAKed: the in-flight limit refused none")
-				}
-				if maxDeliver == 1 && h.heartbeats.Load() == 0 {
-					t.Error("no message was held on its last delivery")
-				}
-				if errs := reported.all(); len(errs) != 0 {
-					t.Errorf("errors reported: %v", errs)
-				}
-				t.Logf("%d NAKs, %d heartbeats", len(naked.all()), h.heartbeats.Load())
-				// Released after each handler: every slot is free.
-				for i := range limit {
-					d, err := lim.l.Acquire(context.Background(), "jobs.a", fmt.Sprint("probe", i), time.Second)
-					if err != nil || !d.Allowed {
-						t.Fatalf("Acquire after the run = %+v, %v; want admitted", d, err)
+					waitFor(t, 15*time.Second, "every message handled", func() bool { return r.count() == msgs })
+					time.Sleep(200 * time.Millisecond) // any duplicate would show by now
+					if most := r.most.Load(); most != limit {
+						t.Errorf("%d handlers ran at once, want exactly %d", most, limit)
 					}
-				}
-			})
+					r.mu.Lock()
+					for seq, n := range r.handled {
+						if n != 1 {
+							t.Errorf("stream seq %d handled %d times", seq, n)
+						}
+					}
+					r.mu.Unlock()
+					if n := len(maxed.all()); n != 0 {
+						t.Errorf("%d MAX_DELIVERIES advisories", n)
+					}
+					nakedSeqs := map[float64]int{}
+					for _, a := range naked.all() {
+						seq, _ := a["stream_seq"].(float64)
+						nakedSeqs[seq]++
+					}
+					switch {
+					case fairOn:
+						// A refused message waits for a handler of its key
+						// to end, or beyond its key's share of the queue
+						// goes back once, to when its turn comes.
+						for seq, n := range nakedSeqs {
+							if n > 1 {
+								t.Errorf("stream seq %v NAKed %d times, want at most once", seq, n)
+							}
+						}
+					case maxDeliver > 1 && len(naked.all()) == 0:
+						t.Error("no message was NAKed: the in-flight limit refused none")
+					case maxDeliver == 1 && h.heartbeats.Load() == 0:
+						t.Error("no message was held on its last delivery")
+					}
+					if errs := reported.all(); len(errs) != 0 {
+						t.Errorf("errors reported: %v", errs)
+					}
+					t.Logf("%d NAKs, %d heartbeats", len(naked.all()), h.heartbeats.Load())
+					// Released after each handler: every slot is free.
+					for i := range limit {
+						d, err := lim.l.Acquire(context.Background(), "jobs.a", fmt.Sprint("probe", i), time.Second)
+						if err != nil || !d.Allowed {
+							t.Fatalf("Acquire after the run = %+v, %v; want admitted", d, err)
+						}
+					}
+				})
+			}
 		}
 	}
 }

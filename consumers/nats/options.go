@@ -60,6 +60,8 @@ type config struct {
 	jitterMax      time.Duration
 	maxWait        time.Duration // < 0: not set, the default applies
 	concurrency    int
+	noFair         bool                     // WithFair(false)
+	weights        func(string) float64     // nil: every key 1
 	inFlight       throttle.InFlightLimiter // nil: no in-flight limit
 	lease          time.Duration            // of every in-flight slot
 	tracerProvider trace.TracerProvider
@@ -327,6 +329,36 @@ func WithConcurrency(n int) Option {
 			return &throttle.OptionError{Field: "WithConcurrency", Reason: fmt.Sprintf("must be >= 1, got %d", n)}
 		}
 		c.concurrency = n
+		return nil
+	})
+}
+
+// WithFair turns the fair sharing of the handlers across keys on (the
+// default) or off. With WithConcurrency(n), the n handlers are shared by
+// max-min fair shares, weighted (WithWeights), and a key that uses less
+// than its share never waits behind one that uses more: see Fair shares in
+// the package documentation. Off, messages are decided and run in about
+// the order they arrive, as before (first come, first served), and
+// ConsumeByKey refuses to start.
+func WithFair(on bool) Option {
+	return optionFunc(func(c *config) error {
+		c.noFair = !on
+		return nil
+	})
+}
+
+// WithWeights sets the weight of each key in the fair shares: a key of
+// weight 3 gets three times the handler starts of a key of weight 1 while
+// both have more messages than their shares. f is asked for a key when it
+// is first seen and again once its answer is a second old, so a changed
+// weight applies within a second; a weight that is not > 0 and finite
+// counts as 1. f must be safe for concurrent use and quick (it is called
+// on the path of a message). Nil keeps the default: every key 1.
+func WithWeights(f func(key string) float64) Option {
+	return optionFunc(func(c *config) error {
+		if f != nil {
+			c.weights = f
+		}
 		return nil
 	})
 }

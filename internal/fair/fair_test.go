@@ -397,3 +397,25 @@ func mustBeGranted(t *testing.T, tk *Ticket, want bool) {
 		}
 	}
 }
+
+func TestRoomBeforeFirstEnd(t *testing.T) {
+	clock := newFakeClock()
+	s, _ := New(Config{Handlers: 1, MaxQueued: 2, Clock: clock})
+	first := s.Arrive("k", Arrival{MaxWait: time.Second})
+	mustBeGranted(t, first, true)
+	s.Arrive("k", Arrival{MaxWait: time.Second})
+	s.Arrive("k", Arrival{MaxWait: time.Second})
+	select {
+	case <-s.Room():
+		t.Fatal("room with MaxQueued waiting and no handler time known")
+	default:
+	}
+	room := s.Room()
+	clock.advance(clock.Now().Add(10 * time.Millisecond))
+	first.Done()
+	select {
+	case <-room:
+	default:
+		t.Fatal("no room once a handler time is known")
+	}
+}

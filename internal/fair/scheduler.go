@@ -80,6 +80,7 @@ type Scheduler struct {
 	wakeAt     time.Time
 	wakeGen    uint64 // of the pending timer
 	stopped    bool
+	roomCh     chan struct{} // closed when there is room again (see Room)
 
 	onGrant func(*Ticket) // tests: called under the lock at every grant
 	onDefer func(*Ticket) // tests: called under the lock at every deferral
@@ -262,11 +263,37 @@ func (s *Scheduler) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopped = true
+	if s.roomCh != nil {
+		close(s.roomCh)
+		s.roomCh = nil
+	}
 	if s.timer != nil {
 		s.timer.Stop()
 		s.timer = nil
 	}
 }
+
+// Room returns a channel that is closed while a deferrable arrival can be
+// taken in: fewer than MaxQueued tickets wait, or a handler time has been
+// measured (so that the excess can be deferred). Before the first handler
+// ends nothing can be deferred, and a caller that pulls messages as fast
+// as they come (natsthrottle's Handle) waits on it instead of queueing
+// the whole backlog.
+func (s *Scheduler) Room() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.roomy() {
+		return closedCh
+	}
+	if s.roomCh == nil {
+		s.roomCh = make(chan struct{})
+	}
+	return s.roomCh
+}
+
+var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (s *Scheduler) roomy() bool { return s.stopped || s.queued < s.maxQueued || s.service.known() }
 
 // Stats is a snapshot of a Scheduler.
 type Stats struct {
@@ -365,6 +392,10 @@ func (s *Scheduler) dispatch(now time.Time) {
 		}
 	}
 	s.wake(now, wake)
+	if s.roomCh != nil && s.roomy() {
+		close(s.roomCh)
+		s.roomCh = nil
+	}
 }
 
 // spacing is the least time between two grants: paceSpacing mean handler
