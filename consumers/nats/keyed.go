@@ -126,7 +126,7 @@ func (h *Handler) keyedUsable(stream jetstream.Stream, cfg jetstream.ConsumerCon
 		return bad(".AckPolicy", "must be AckExplicitPolicy")
 	case len(cfg.FilterSubjects) > 0:
 		return bad(".FilterSubjects", "must be empty: FilterSubject names the key")
-	case strings.Count("."+cfg.FilterSubject+".", ".*.") != 1:
+	case countToken(cfg.FilterSubject, "*") != 1:
 		return bad(".FilterSubject", fmt.Sprintf("%q must have exactly one \"*\" token, the key", cfg.FilterSubject))
 	}
 	ackWait := cfg.AckWait
@@ -137,6 +137,17 @@ func (h *Handler) keyedUsable(stream jetstream.Stream, cfg jetstream.ConsumerCon
 		return bad("", "build the Handler with WithConsumerConfig(cfg): it must know the consumers' AckWait, MaxDeliver and BackOff")
 	}
 	return nil
+}
+
+// countToken counts the tokens of subject equal to token.
+func countToken(subject, token string) int {
+	n := 0
+	for _, t := range strings.Split(subject, ".") {
+		if t == token {
+			n++
+		}
+	}
+	return n
 }
 
 // Stop stops pulling: no message is pulled after it returns. Messages that

@@ -408,7 +408,7 @@ func (s *Scheduler) dispatch(now time.Time) {
 // free, since the light keys' demand and the handler time are unknown.
 func (s *Scheduler) holdHeavy(now time.Time) (time.Time, bool) {
 	if !s.service.known() {
-		if s.handlers < 4 || now.Sub(s.firstGrant) >= startup || s.running < s.handlers-s.handlers/4 {
+		if s.handlers < 4 || (!s.firstGrant.IsZero() && now.Sub(s.firstGrant) >= startup) || s.running < s.handlers-s.handlers/4 {
 			return time.Time{}, false
 		}
 		return s.firstGrant.Add(startup), true

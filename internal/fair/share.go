@@ -8,8 +8,9 @@ import (
 )
 
 // demand is how many handlers k would use now, as the shares see it: its
-// average running count, or what it runs and has waiting (here and in the
-// broker) if that is more. A blocked key needs only what it runs.
+// average running count, or what it has waiting (here, in the broker, and
+// deferred) if that is more, since that much would run at once. A blocked
+// key needs only what it runs.
 func (s *Scheduler) demand(k *keyState, now time.Time) float64 {
 	d := max(k.busy.v, float64(k.running))
 	if k.blockedNow() {
@@ -18,7 +19,7 @@ func (s *Scheduler) demand(k *keyState, now time.Time) float64 {
 		}
 		return d
 	}
-	want := float64(k.running + len(k.queue) + k.backlog)
+	want := float64(len(k.queue) + k.backlog)
 	if k.cursor.After(now) {
 		want += math.Ceil(k.cursor.Sub(now).Seconds() * k.pace)
 	}

@@ -81,7 +81,9 @@ func simulate(tb testing.TB, cfg Config, mode simMode, jobs []*simJob) simResult
 		if mode.keyed {
 			pending[j.key] = append(pending[j.key], j)
 			s.SetBacklog(j.key, len(pending[j.key])-1)
-			offer(j.key)
+			if (*arrivals).Len() == 0 || (*arrivals)[0].at != j.at || (*arrivals)[0].j.key != j.key {
+				offer(j.key) // after the key's last arrival of this instant
+			}
 			return
 		}
 		t := s.Arrive(j.key, Arrival{MaxWait: mode.maxWait, Returning: j.defers > 0})
@@ -132,7 +134,10 @@ func simulate(tb testing.TB, cfg Config, mode simMode, jobs []*simJob) simResult
 			res.span = max(res.span, next-jobs[0].at)
 			continue
 		}
-		arrive(heap.Pop(arrivals).(simEvent).j)
+		// Every arrival of this instant, as a broker would show them.
+		for arrivals.Len() > 0 && (*arrivals)[0].at == next {
+			arrive(heap.Pop(arrivals).(simEvent).j)
+		}
 	}
 	for _, j := range jobs {
 		if j.start < 0 {

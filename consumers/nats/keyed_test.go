@@ -1,0 +1,303 @@
+package natsthrottle
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// keyedCfg is the template of the per-key consumers of the tests.
+var keyedCfg = jetstream.ConsumerConfig{Durable: "work", AckPolicy: jetstream.AckExplicitPolicy,
+	AckWait: 5 * time.Second, MaxDeliver: 5, MaxAckPending: -1, FilterSubject: "jobs.*"}
+
+// starts records when each message's handler started, by subject, and
+// how many ran at once per subject.
+type starts struct {
+	mu      sync.Mutex
+	at      map[string][]time.Time
+	runs    map[uint64]int
+	now     map[string]int
+	most    map[string]int
+	work    time.Duration
+	started map[uint64]time.Time
+}
+
+func newStarts(work time.Duration) *starts {
+	return &starts{at: map[string][]time.Time{}, runs: map[uint64]int{}, now: map[string]int{}, most: map[string]int{}, work: work, started: map[uint64]time.Time{}}
+}
+
+func (s *starts) handle(m jetstream.Msg) {
+	md, _ := m.Metadata()
+	s.mu.Lock()
+	s.at[m.Subject()] = append(s.at[m.Subject()], time.Now())
+	s.runs[md.Sequence.Stream]++
+	s.started[md.Sequence.Stream] = time.Now()
+	s.now[m.Subject()]++
+	s.most[m.Subject()] = max(s.most[m.Subject()], s.now[m.Subject()])
+	s.mu.Unlock()
+	time.Sleep(s.work)
+	s.mu.Lock()
+	s.now[m.Subject()]--
+	s.mu.Unlock()
+	_ = m.Ack()
+}
+
+func (s *starts) handled() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.runs)
+}
+
+func (s *starts) startedAt(seq uint64) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started[seq]
+}
+
+func (e *env) stream(t *testing.T) jetstream.Stream {
+	t.Helper()
+	st, err := e.js.Stream(testCtx(t), streamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// consumeByKey starts h.ConsumeByKey with keyedCfg, stopped in t.Cleanup
+// (before the Handler's Close).
+func consumeByKey(t *testing.T, e *env, h *Handler) *KeyedConsumer {
+	t.Helper()
+	kc, err := h.ConsumeByKey(e.stream(t), keyedCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Stop)
+	return kc
+}
+
+// TestConsumeByKeyFairShares: a flood of one key fills 4 handlers of
+// 50 ms; a calm key publishing every 50 ms beside it is pulled and started
+// at once (its wait is a fraction of the flood's backlog of 2.5 s), no
+// message is NAKed or delivered twice, and the flood never runs on more
+// than the 4 handlers.
+func TestConsumeByKeyFairShares(t *testing.T) {
+	e := newEnv(t)
+	const flood, calm, work = 200, 30, 50 * time.Millisecond
+	s := newStarts(work)
+	naked := e.watch(t, nakAdvisory)
+	var reported errs
+	h := newHandler(t, s.handle, newGate(t, throttle.PerSecond(10_000), nil),
+		WithConcurrency(4), WithConsumerConfig(keyedCfg), WithErrorHandler(reported.handle))
+	for i := range flood {
+		e.publish(t, "jobs.hog", fmt.Sprint(i), nil)
+	}
+	kc := consumeByKey(t, e, h)
+	waitFor(t, 5*time.Second, "the flood started", func() bool { return s.handled() > 0 })
+	var published []time.Time
+	var seqs []uint64
+	for i := range calm {
+		seqs = append(seqs, e.publish(t, "jobs.calm", fmt.Sprint(i), nil))
+		published = append(published, time.Now())
+		time.Sleep(work)
+	}
+	waitFor(t, 20*time.Second, "every message handled", func() bool { return s.handled() == flood+calm })
+	var waits []time.Duration
+	for i, seq := range seqs {
+		waits = append(waits, s.startedAt(seq).Sub(published[i]))
+	}
+	slices.Sort(waits)
+	// The flood's backlog behind which a first come, first served
+	// consumer would start them: (flood / 4) × 50 ms = 2.5 s.
+	if w := waits[len(waits)-1]; w > 500*time.Millisecond {
+		t.Errorf("calm's longest wait %v beside the flood, want well under the flood's 2.5 s backlog (waits %v)", w, waits)
+	}
+	if n := len(naked.all()); n != 0 {
+		t.Errorf("%d NAKs, want 0: a message is pulled only when it can start", n)
+	}
+	for seq, n := range s.runs {
+		if n != 1 {
+			t.Errorf("stream seq %d handled %d times", seq, n)
+		}
+	}
+	if most := s.most["jobs.hog"]; most > 4 {
+		t.Errorf("the flood ran %d handlers at once, want <= 4", most)
+	}
+	n, err := kc.Deliveries(testCtx(t))
+	if err != nil || n != flood+calm {
+		t.Errorf("Deliveries = %d, %v; want %d, nil", n, err, flood+calm)
+	}
+	if got := kc.Keys(); !slices.Equal(got, []string{"calm", "hog"}) {
+		t.Errorf("Keys = %v", got)
+	}
+	if errs := reported.all(); len(errs) != 0 {
+		t.Errorf("errors reported: %v", errs)
+	}
+	t.Logf("calm waits p50 %v max %v", waits[len(waits)/2], waits[len(waits)-1])
+}
+
+// TestConsumeByKeyWaitsForRate: a key over its rate is not NAKed: its head
+// waits in process for its reserved slot while the rest stay in the
+// stream, so every message is delivered once, and the admissions hold the
+// limit.
+func TestConsumeByKeyWaitsForRate(t *testing.T) {
+	e := newEnv(t)
+	r := throttle.Rate{Count: 5, Per: 200 * time.Millisecond}
+	lim := newInstantsLimiter(t, r)
+	g, err := throttle.NewGate(lim, throttle.WithReservations(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 20
+	s := newStarts(0)
+	naked := e.watch(t, nakAdvisory)
+	h := newHandler(t, s.handle, g, WithConcurrency(4), WithConsumerConfig(keyedCfg))
+	for i := range total {
+		e.publish(t, "jobs.burst", fmt.Sprint(i), nil)
+	}
+	kc := consumeByKey(t, e, h)
+	waitFor(t, 10*time.Second, "every message handled", func() bool { return s.handled() == total })
+	if n := len(naked.all()); n != 0 {
+		t.Errorf("%d NAKs, want 0", n)
+	}
+	if n, err := kc.Deliveries(testCtx(t)); err != nil || n != total {
+		t.Errorf("Deliveries = %d, %v; want %d (one each)", n, err, total)
+	}
+	if most := maxInWindow(lim.admitted(), r.Per); most > r.Count {
+		t.Errorf("%d admissions in one %v window, want <= %d", most, r.Per, r.Count)
+	}
+}
+
+// TestConsumeByKeyInFlight: a key limited to 2 handlers at once beside
+// 4 handlers: never more than 2 run, none is NAKed, each runs once.
+func TestConsumeByKeyInFlight(t *testing.T) {
+	for _, lim := range inFlightLimiters(t, 2) {
+		t.Run(lim.name, func(t *testing.T) {
+			e := newEnv(t)
+			const total = 12
+			s := newStarts(50 * time.Millisecond)
+			naked := e.watch(t, nakAdvisory)
+			h := newHandler(t, s.handle, newGate(t, throttle.PerSecond(10_000), nil), WithConcurrency(4),
+				WithConsumerConfig(keyedCfg), WithInFlight(lim.l, 300*time.Millisecond))
+			for i := range total {
+				e.publish(t, "jobs.a", fmt.Sprint(i), nil)
+			}
+			consumeByKey(t, e, h)
+			waitFor(t, 10*time.Second, "every message handled", func() bool { return s.handled() == total })
+			if most := s.most["jobs.a"]; most != 2 {
+				t.Errorf("%d handlers at once, want 2", most)
+			}
+			if n := len(naked.all()); n != 0 {
+				t.Errorf("%d NAKs, want 0: refused a slot, the head waits for one", n)
+			}
+		})
+	}
+}
+
+// TestConsumeByKeySharedByProcesses: two KeyedConsumers (two processes)
+// on the same per-key consumers handle every message once between them.
+func TestConsumeByKeySharedByProcesses(t *testing.T) {
+	e := newEnv(t)
+	const total = 60
+	s := newStarts(5 * time.Millisecond)
+	for range 2 {
+		h := newHandler(t, s.handle, newGate(t, throttle.PerSecond(10_000), nil), WithConcurrency(2), WithConsumerConfig(keyedCfg))
+		consumeByKey(t, e, h)
+	}
+	for i := range total {
+		e.publish(t, fmt.Sprintf("jobs.k%d", i%3), fmt.Sprint(i), nil)
+	}
+	waitFor(t, 10*time.Second, "every message handled", func() bool { return s.handled() == total })
+	time.Sleep(100 * time.Millisecond)
+	for seq, n := range s.runs {
+		if n != 1 {
+			t.Errorf("stream seq %d handled %d times", seq, n)
+		}
+	}
+}
+
+// TestConsumeByKeyStopNaks: Stop gives a message that waits for its slot
+// back to the server (NAK), so that another process can take it.
+func TestConsumeByKeyStopNaks(t *testing.T) {
+	e := newEnv(t)
+	g, err := throttle.NewGate(newInstantsLimiter(t, throttle.Rate{Count: 1, Per: time.Minute}), throttle.WithReservations(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStarts(0)
+	naked := e.watch(t, nakAdvisory)
+	h := newHandler(t, s.handle, g, WithConcurrency(2), WithConsumerConfig(keyedCfg))
+	e.publish(t, "jobs.a", "first", nil)
+	e.publish(t, "jobs.a", "second", nil)
+	kc, err := h.ConsumeByKey(e.stream(t), keyedCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the first handled", func() bool { return s.handled() == 1 })
+	time.Sleep(100 * time.Millisecond) // the second waits for its slot a minute ahead
+	kc.Stop()
+	waitFor(t, 5*time.Second, "the second NAKed", func() bool { return len(naked.all()) == 1 })
+	kc.Stop() // twice is harmless
+}
+
+func TestConsumeByKeyValidates(t *testing.T) {
+	e := newEnv(t)
+	st := e.stream(t)
+	g := newGate(t, throttle.PerSecond(10), nil)
+	good := []Option{WithConcurrency(2), WithConsumerConfig(keyedCfg)}
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		cfg  func(*jetstream.ConsumerConfig)
+		st   jetstream.Stream
+	}{
+		{"no concurrency", []Option{WithConsumerConfig(keyedCfg)}, nil, st},
+		{"fair off", append(good, WithFair(false)), nil, st},
+		{"no consumer config", []Option{WithConcurrency(2)}, nil, st},
+		{"other ack wait", good, func(c *jetstream.ConsumerConfig) { c.AckWait = time.Second }, st},
+		{"no durable", good, func(c *jetstream.ConsumerConfig) { c.Durable = "" }, st},
+		{"no key token", good, func(c *jetstream.ConsumerConfig) { c.FilterSubject = "jobs.>" }, st},
+		{"two key tokens", good, func(c *jetstream.ConsumerConfig) { c.FilterSubject = "jobs.*.*" }, st},
+		{"filter subjects", good, func(c *jetstream.ConsumerConfig) { c.FilterSubjects = []string{"jobs.a"} }, st},
+		{"ack none", good, func(c *jetstream.ConsumerConfig) { c.AckPolicy = jetstream.AckNonePolicy }, st},
+		{"nil stream", good, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHandler(t, newRecorder().handle, g, tc.opts...)
+			cfg := keyedCfg
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			kc, err := h.ConsumeByKey(tc.st, cfg)
+			if !errors.Is(err, throttle.ErrInvalidOption) {
+				if kc != nil {
+					kc.Stop()
+				}
+				t.Fatalf("ConsumeByKey = %v, want an error wrapping ErrInvalidOption", err)
+			}
+		})
+	}
+}
+
+func TestKeyConsumerName(t *testing.T) {
+	seen := map[string]string{}
+	for _, key := range []string{"acme", "a_b", "a__b", "a-b", "a/b", "é", "a_2fb", "A"} {
+		name := keyConsumerName("work", key)
+		if other, dup := seen[name]; dup {
+			t.Errorf("keys %q and %q share the consumer name %q", key, other, name)
+		}
+		seen[name] = key
+		for _, c := range name[len("work_"):] {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				t.Errorf("consumer name %q of key %q holds %q", name, key, c)
+			}
+		}
+	}
+}
+
