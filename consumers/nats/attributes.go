@@ -26,6 +26,10 @@ const (
 	// reserved slot at most WithMaxWait ahead (see the package
 	// documentation).
 	WaitedAttr = attribute.Key("throttle.waited")
+	// DeferredAttr (bool) is true when the fair shares sent the message
+	// back to the server, to come back when its key's share of the
+	// handlers reaches it (see Fair shares in the package documentation).
+	DeferredAttr = attribute.Key("throttle.deferred")
 	// InFlightAttr (string) says what became of the in-flight slot of an
 	// admitted message (WithInFlight): one of the InFlight constants. It
 	// is not set without an in-flight limiter.

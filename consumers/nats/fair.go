@@ -39,13 +39,15 @@ func (h *Handler) arrive(ctx context.Context, span trace.Span, r *request) {
 }
 
 // schedule is the life of a message in the fair shares, once it has
-// arrived: it waits for its handler (heartbeats with InProgress on its
-// last delivery, whose wait has no bound), or is deferred: NAKed to come
-// back half of WithMaxWait before its key's share reaches it. Granted,
-// its limits decide (judge): admitted, it runs; refused, it waits in
-// process for a near retry-after (a reserved slot at most WithMaxWait
-// ahead, or any on its last delivery, held) and asks for a handler again,
-// or is NAKed to its retry-after. It ends span.
+// arrived. It asks for a handler: deferred, it is NAKed to come back half
+// of WithMaxWait before its key's share reaches it, not charged. Waiting
+// here, its rate decides at once (deciding once a handler is free would
+// push a key that sends at its rate later with every wait): refused, it
+// waits in process for a near retry-after (a reserved slot at most
+// WithMaxWait ahead, or any on its last delivery: held) and asks again, or
+// is NAKed to its retry-after. Admitted, it waits for its handler
+// (heartbeats with InProgress), takes its in-flight slot (refused, it
+// waits for one of its key's handlers to end) and runs. It ends span.
 func (h *Handler) schedule(ctx context.Context, span trace.Span, r *request) {
 	defer span.End()
 	last := h.lastDelivery(r.msg)
@@ -58,69 +60,105 @@ func (h *Handler) schedule(ctx context.Context, span trace.Span, r *request) {
 	// buffer is not known.
 	_ = r.msg.InProgress()
 	started := time.Now()
+	admitted := false
 	for {
 		maxWait := time.Duration(0) // on its last delivery: never deferred
 		if !last {
-			maxWait = min(h.cfg.maxWait, h.cfg.shortestAckWait()/2-time.Since(started))
-			maxWait = max(maxWait, time.Nanosecond)
+			maxWait = max(min(h.cfg.maxWait, h.cfg.shortestAckWait()/2-time.Since(started)), time.Nanosecond)
 		}
 		t := h.sched.Arrive(r.key, fair.Arrival{MaxWait: maxWait, Returning: returning})
-		granted := false
-		for !granted {
+		if !admitted {
+			if deferredNow(t) {
+				h.defer_(ctx, span, r, t)
+				return
+			}
+			v := h.rate(ctx, span, r)
+			switch {
+			case v.done:
+				t.Leave(fair.Block{})
+				return
+			case !v.run:
+				b := fair.Block{}
+				if !v.reserved {
+					b.Until = time.Now().Add(v.retry) // the key's other messages would be refused as well
+				}
+				t.Leave(b)
+				if !h.rateWait(ctx, span, r, v, last, started, &hold, beat) {
+					return
+				}
+				returning = true
+				continue
+			}
+			admitted = true
+		}
+		for {
 			select {
 			case <-t.Granted():
-				granted = true
 			case <-t.Deferred():
-				h.deferred(r)
-				h.nak(ctx, span, r.msg, max(t.Delay()-h.cfg.maxWait/2, 0), false)
+				h.defer_(ctx, span, r, t) // admitted: its id is admitted again, free, while still counted
 				return
 			case <-beat.C:
 				h.inProgress(ctx, span, r.msg)
+				continue
 			case <-h.stop:
 				t.Leave(fair.Block{})
 				h.giveUp(ctx, span, r, 0)
 				return
 			}
-		}
-		v := h.judge(ctx, span, r)
-		switch {
-		case v.done:
-			t.Leave(fair.Block{})
-			return
-		case v.run:
-			hold.release()
-			h.run(ctx, span, r, v.slot)
-			t.Done()
-			return
-		}
-		b := fair.Block{UntilDone: v.refused}
-		if !v.reserved {
-			// The key's other messages would be refused as well.
-			b.Until = time.Now().Add(v.retry)
-		}
-		t.Leave(b)
-		inProcess := time.Since(started)
-		switch {
-		case last:
-			hold.start(ctx, r)
-		case v.refused && inProcess < h.cfg.shortestAckWait()/2:
-			// Its key is blocked until one of its handlers ends here (or
-			// the refusal's retry-after): wait for that in its turn.
-		case v.reserved && v.retry <= h.cfg.maxWait && inProcess+v.retry <= h.cfg.shortestAckWait()/2:
-			span.SetAttributes(WaitedAttr.Bool(true))
-		default:
-			if v.reserved {
-				h.nak(ctx, span, r.msg, v.retry-h.cfg.maxWait/2, false)
-			} else {
-				h.nak(ctx, span, r.msg, v.retry, true)
+			s, retry, refused, ok := h.acquire(ctx, span, r)
+			if ok {
+				hold.release()
+				h.run(ctx, span, r, s)
+				t.Done()
+				return
 			}
-			return
+			if last {
+				hold.start(ctx, r)
+			}
+			t.Retry(fair.Block{Until: time.Now().Add(retry), UntilDone: refused})
 		}
-		if !v.refused && !h.sleep(ctx, span, r, h.delay(v.retry), beat) {
-			return
-		}
-		returning = true
 	}
+}
+
+// deferredNow reports whether t was deferred as it arrived.
+func deferredNow(t *fair.Ticket) bool {
+	select {
+	case <-t.Deferred():
+		return true
+	default:
+		return false
+	}
+}
+
+// defer_ sends r back to the server, deferred by the fair shares: NAKed
+// to come back half of WithMaxWait before t's delay, to wait here for the
+// rest.
+func (h *Handler) defer_(ctx context.Context, span trace.Span, r *request, t *fair.Ticket) {
+	h.deferred(r)
+	span.SetAttributes(DeferredAttr.Bool(true))
+	h.nak(ctx, span, r.msg, max(t.Delay()-h.cfg.maxWait/2, 0), false)
+}
+
+// rateWait handles r refused by its rate (v): on its last delivery it is
+// held until the retry-after; a reserved slot at most WithMaxWait ahead,
+// that keeps the delivery within half its ack wait, is waited for here;
+// any other is NAKed to its retry-after. It reports whether r waited (and
+// asks again) rather than left.
+func (h *Handler) rateWait(ctx context.Context, span trace.Span, r *request, v verdict, last bool, started time.Time, hold *holdState, beat *time.Ticker) bool {
+	switch {
+	case last:
+		hold.start(ctx, r)
+	case v.reserved && v.retry <= h.cfg.maxWait && time.Since(started)+v.retry <= h.cfg.shortestAckWait()/2:
+		span.SetAttributes(WaitedAttr.Bool(true))
+	default:
+		if v.reserved {
+			h.nak(ctx, span, r.msg, v.retry-h.cfg.maxWait/2, false)
+		} else {
+			h.nak(ctx, span, r.msg, v.retry, true)
+		}
+		return false
+	}
+	return h.sleep(ctx, span, r, h.delay(v.retry), beat)
 }
 
 // sleep waits d for r, sending InProgress with beat, and reports false if

@@ -399,16 +399,29 @@ type verdict struct {
 	refused  bool // its in-flight limit refused a slot: one may come back when a handler of the key ends
 }
 
-// judge asks r's in-flight limit for a slot (WithInFlight), then the Gate,
-// so that a message that cannot get a slot is never charged by the rate.
-// It handles a usage error or a never-admissible rejection (Term), and a
-// delivery superseded while it waited; a slot taken for a message the
-// Gate then rejects is released.
+// judge asks r's in-flight limit for a slot (WithInFlight), then the Gate
+// (rate), so that a message that cannot get a slot is never charged by
+// the rate; a slot taken for a message the Gate then rejects is released.
+// (With fair shares the rate decides first, as the message starts waiting
+// for its handler, and the slot once it has one: see schedule.)
 func (h *Handler) judge(ctx context.Context, span trace.Span, r *request) verdict {
 	s, retry, refused, ok := h.acquire(ctx, span, r)
 	if !ok {
 		return verdict{retry: retry, refused: refused}
 	}
+	v := h.rate(ctx, span, r)
+	if v.run {
+		v.slot = s
+	} else {
+		s.Release()
+	}
+	return v
+}
+
+// rate asks the Gate for r: run means admitted. It handles a usage error
+// or a never-admissible rejection (Term), and a delivery superseded while
+// it waited.
+func (h *Handler) rate(ctx context.Context, span trace.Span, r *request) verdict {
 	d, err := h.admit(ctx, r)
 	var v verdict
 	switch {
@@ -434,14 +447,13 @@ func (h *Handler) judge(ctx context.Context, span trace.Span, r *request) verdic
 		h.supersede(ctx, span, r)
 		v.done = true
 	case d.Allowed:
-		return verdict{run: true, slot: s}
+		v.run = true
 	case d.RetryAfter == throttle.Never:
 		h.terminate(ctx, span, r.msg, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
 		v.done = true
 	default:
 		v.retry, v.reserved = d.RetryAfter, d.Reserved
 	}
-	s.Release()
 	return v
 }
 

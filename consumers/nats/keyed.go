@@ -15,15 +15,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/queuethrottle/queuethrottle/internal/fair"
+	"github.com/queuethrottle/queuethrottle/internal/inflight"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 // Timing of a KeyedConsumer.
 const (
 	// DiscoverInterval is how often a KeyedConsumer lists the stream's
-	// subjects for new keys: the longest the first message of a new key
-	// waits to be seen.
-	DiscoverInterval = 100 * time.Millisecond
+	// subjects for new keys: about the longest the first message of a new
+	// key waits to be seen. A listing that takes long (many subjects)
+	// spaces the next ones to 50 times its own time.
+	DiscoverInterval = 20 * time.Millisecond
 	// fetchWait bounds one pull request of a key with nothing to deliver.
 	fetchWait = 5 * time.Second
 	// retryEvery is the pause after a failed fetch or consumer creation.
@@ -52,14 +54,34 @@ type KeyedConsumer struct {
 
 	delivered atomic.Int64 // messages pulled
 	lastErr   atomic.Pointer[error]
+	wrap      func(jetstream.Msg) jetstream.Msg // WrapPulled
+}
+
+// KeyedOption configures ConsumeByKey.
+type KeyedOption func(*KeyedConsumer)
+
+// WrapPulled passes every message the KeyedConsumer pulls through f before
+// anything else sees it; what f returns is the message from then on, so f
+// may wrap it to observe its acknowledgements (a NAK, an InProgress, a
+// Term) or note when it arrived. f must return a message of the same
+// delivery. Nil keeps the message as pulled.
+func WrapPulled(f func(jetstream.Msg) jetstream.Msg) KeyedOption {
+	return func(kc *KeyedConsumer) { kc.wrap = f }
 }
 
 // keyPuller pulls one key's messages through its own durable consumer.
 type keyPuller struct {
-	key  string
-	cfg  jetstream.ConsumerConfig
-	cons jetstream.Consumer // nil until created
+	key   string
+	cfg   jetstream.ConsumerConfig
+	cons  jetstream.Consumer // nil until created
+	ahead chan struct{}      // a token per pulled message that has not started (keyAhead)
 }
+
+// keyAhead is how many pulled messages of a key may wait for their
+// handlers at once: the next is pulled (and its rate decides) while the
+// last waits, so that a key at its rate is never decided late because its
+// last message waited for a handler.
+const keyAhead = 2
 
 // ConsumeByKey pulls the messages of stream whose subjects match
 // cfg.FilterSubject, which has one "*" token: the key (e.g. "jobs.*", the
@@ -96,12 +118,17 @@ type keyPuller struct {
 // messages again from the start (use cfg.InactiveThreshold only with
 // WorkQueue or Interest retention, where acknowledged messages are gone).
 // Stop the KeyedConsumer, then Close the Handler.
-func (h *Handler) ConsumeByKey(stream jetstream.Stream, cfg jetstream.ConsumerConfig) (*KeyedConsumer, error) {
+func (h *Handler) ConsumeByKey(stream jetstream.Stream, cfg jetstream.ConsumerConfig, opts ...KeyedOption) (*KeyedConsumer, error) {
 	if err := h.keyedUsable(stream, cfg); err != nil {
 		return nil, err
 	}
 	tokens := strings.Split(cfg.FilterSubject, ".")
 	kc := &KeyedConsumer{h: h, stream: stream, cfg: cfg, tokens: tokens, keyAt: slices.Index(tokens, "*"), keys: map[string]*keyPuller{}}
+	for _, o := range opts {
+		if o != nil {
+			o(kc)
+		}
+	}
 	kc.ctx, kc.cancel = context.WithCancel(context.Background())
 	kc.wg.Add(1)
 	go kc.discover()
@@ -224,17 +251,15 @@ func (kc *KeyedConsumer) report(err error) {
 	}
 }
 
-// discover lists the keys now and every DiscoverInterval until Stop.
+// discover lists the keys now and then every DiscoverInterval, or 50
+// times as long as the last listing took, until Stop.
 func (kc *KeyedConsumer) discover() {
 	defer kc.wg.Done()
-	tick := time.NewTicker(DiscoverInterval)
-	defer tick.Stop()
 	for {
+		start := time.Now()
 		kc.listKeys()
-		select {
-		case <-kc.ctx.Done():
+		if !sleep(kc.ctx, max(DiscoverInterval, 50*time.Since(start))) {
 			return
-		case <-tick.C:
 		}
 	}
 }
@@ -270,7 +295,7 @@ func (kc *KeyedConsumer) add(key string) {
 	cfg.FilterSubject = strings.Join(tokens, ".")
 	cfg.Durable = keyConsumerName(kc.cfg.Durable, key)
 	cfg.Name = ""
-	p := &keyPuller{key: key, cfg: cfg}
+	p := &keyPuller{key: key, cfg: cfg, ahead: make(chan struct{}, keyAhead)}
 	kc.keys[key] = p
 	kc.wg.Add(1)
 	go kc.pull(p)
@@ -312,14 +337,22 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 			}
 			p.cons = cons
 		}
+		select {
+		case p.ahead <- struct{}{}:
+		case <-kc.ctx.Done():
+			return
+		}
 		ctx, cancel := context.WithTimeout(kc.ctx, fetchWait)
 		batch, err := p.cons.Fetch(1, jetstream.FetchContext(ctx))
+		got := false
 		if err == nil {
-			got := false
 			for msg := range batch.Messages() {
 				got = true
 				kc.delivered.Add(1)
-				kc.take(p.key, msg)
+				if kc.wrap != nil {
+					msg = kc.wrap(msg)
+				}
+				kc.take(p, msg)
 			}
 			if !got {
 				kc.h.sched.SetBacklog(p.key, 0)
@@ -327,6 +360,9 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 			err = batch.Error()
 		}
 		cancel()
+		if !got {
+			<-p.ahead
+		}
 		if err != nil && !quietFetchError(err) && kc.ctx.Err() == nil {
 			kc.report(fmt.Errorf("fetch from %s: %w", p.cfg.Durable, err))
 			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
@@ -344,72 +380,123 @@ func quietFetchError(err error) bool {
 		errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout)
 }
 
-// take is the life of one pulled message until it starts: it waits for a
-// handler in the fair shares of key (sending InProgress every heartbeat
-// interval), then its limits decide (judge); a refusal blocks the key
-// until its retry-after and the message waits again; an admission runs
-// the wrapped handler on a goroutine of its own, and take returns, so
-// that the key's next message is pulled.
-func (kc *KeyedConsumer) take(key string, msg jetstream.Msg) {
+// take is the life of one pulled message until it starts. Its rate
+// decides at once, as it arrives (deciding once a handler is free would
+// push a key that sends at its rate later with every wait, for good);
+// refused, it waits here for the retry-after, and its key's other
+// messages wait in the stream. Admitted, it waits for a handler in its
+// key's fair share on a goroutine of its own (await), and take returns,
+// so that the key's next message is pulled (up to keyAhead waiting).
+func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
 	h := kc.h
 	ctx, span := h.startSpan(msg)
 	if md, err := msg.Metadata(); err == nil {
-		h.sched.SetBacklog(key, int(md.NumPending))
+		h.sched.SetBacklog(p.key, int(md.NumPending))
 	}
+	done := func() { <-p.ahead }
 	tkey, cost, err := h.request(msg)
 	if err != nil {
 		h.terminate(ctx, span, msg, err)
 		span.End()
+		done()
 		return
 	}
 	r := &request{msg: msg, key: tkey, cost: cost, arrived: time.Now(), keyed: true}
 	r.id, r.waitKey, r.delivery = requestID(msg)
-	t := h.sched.Arrive(key, fair.Arrival{})
 	beat := time.NewTicker(h.heartbeat)
-	defer beat.Stop()
-	var blockedUntil time.Time
+	for {
+		v := h.rate(ctx, span, r)
+		if v.done {
+			beat.Stop()
+			span.End()
+			done()
+			return
+		}
+		if v.run {
+			break
+		}
+		if !kc.pause(ctx, span, r, v.retry, beat) {
+			beat.Stop()
+			done()
+			return
+		}
+	}
+	t := h.sched.Arrive(p.key, fair.Arrival{})
+	kc.wg.Add(1)
+	go func() {
+		defer kc.wg.Done()
+		defer beat.Stop()
+		defer done()
+		kc.await(ctx, span, r, t, beat)
+	}()
+}
+
+// await waits for the admitted r's handler in its key's fair share, then
+// takes its in-flight slot (refused, the key waits for one of its handlers
+// to end here) and runs it on a goroutine of its own (start). InProgress
+// goes out with beat meanwhile.
+func (kc *KeyedConsumer) await(ctx context.Context, span trace.Span, r *request, t *fair.Ticket, beat *time.Ticker) {
+	h := kc.h
 	for {
 		select {
 		case <-t.Granted():
-			v := h.judge(ctx, span, r)
-			switch {
-			case v.done:
-				t.Leave(fair.Block{})
-				span.End()
-				return
-			case v.run:
-				kc.start(ctx, span, r, t, v)
+			s, retry, refused, ok := h.acquire(ctx, span, r)
+			if ok {
+				kc.start(ctx, span, r, t, s)
 				return
 			}
-			blockedUntil = time.Now().Add(v.retry)
-			t.Retry(fair.Block{Until: blockedUntil, UntilDone: v.refused})
-			if v.refused {
-				blockedUntil = time.Time{} // may come sooner
-			}
+			t.Retry(fair.Block{Until: time.Now().Add(retry), UntilDone: refused})
 		case <-beat.C:
-			h.inProgress(ctx, span, msg)
+			h.inProgress(ctx, span, r.msg)
 		case <-kc.ctx.Done():
 			t.Leave(fair.Block{})
-			if h.lastDelivery(msg) {
-				h.abandon(ctx, span, msg) // a NAK would drop it (MaxDeliver)
-			} else {
-				h.nak(ctx, span, msg, max(time.Until(blockedUntil), 0), false)
-			}
-			span.End()
+			kc.giveBack(ctx, span, r, 0)
 			return
 		}
 	}
 }
 
-// start runs the wrapped handler on r, admitted with v.slot, on a
+// pause keeps r here for d, sending InProgress with beat, and reports
+// false if Stop came first (r is then given back).
+func (kc *KeyedConsumer) pause(ctx context.Context, span trace.Span, r *request, d time.Duration, beat *time.Ticker) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	until := time.Now().Add(d)
+	for {
+		select {
+		case <-timer.C:
+			return true
+		case <-beat.C:
+			kc.h.inProgress(ctx, span, r.msg)
+		case <-kc.ctx.Done():
+			kc.giveBack(ctx, span, r, time.Until(until))
+			return false
+		}
+	}
+}
+
+// giveBack hands r, which has not started, back to the server at Stop: a
+// NAK to come back after left, so that another process can take it, or,
+// on its last delivery (a NAK would drop it), left unacknowledged. It
+// ends span.
+func (kc *KeyedConsumer) giveBack(ctx context.Context, span trace.Span, r *request, left time.Duration) {
+	if kc.h.lastDelivery(r.msg) {
+		kc.h.abandon(ctx, span, r.msg)
+	} else {
+		kc.h.nak(ctx, span, r.msg, max(left, 0), false)
+	}
+	span.End()
+}
+
+// start runs the wrapped handler on r, admitted with slot s, on a
 // goroutine of its own that frees t's handler when it returns; Close waits
 // for it. Once the Handler is closing, it runs on the caller's goroutine.
-func (kc *KeyedConsumer) start(ctx context.Context, span trace.Span, r *request, t *fair.Ticket, v verdict) {
+func (kc *KeyedConsumer) start(ctx context.Context, span trace.Span, r *request, t *fair.Ticket, s *inflight.Slot) {
 	h := kc.h
 	runIt := func() {
 		defer span.End()
 		defer t.Done()
-		h.run(ctx, span, r, v.slot)
+		h.run(ctx, span, r, s)
 	}
 	h.mu.Lock()
 	if h.closing {

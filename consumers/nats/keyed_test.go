@@ -300,4 +300,3 @@ func TestKeyConsumerName(t *testing.T) {
 		}
 	}
 }
-

@@ -67,12 +67,14 @@ func ConsumePaced(ctx context.Context, cons jetstream.Consumer, h *Handler, lim 
 	return nil
 }
 
-// sleep waits d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) {
+// sleep waits d or until ctx is done, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return true
 	case <-ctx.Done():
+		return false
 	}
 }

@@ -94,10 +94,12 @@ func TestReservationsNakOnce(t *testing.T) {
 	}
 }
 
-// TestConcurrentDecisions: with WithConcurrency(4) and a limiter that
-// takes 50 ms per decision, 8 messages are decided 4 at a time (the
-// Consume callback hands each to a goroutine and waits only when 4 are
-// busy), every one handled once, and Close waits for them.
+// TestConcurrentDecisions: with WithConcurrency(4), without fair shares,
+// and a limiter that takes 50 ms per decision, 8 messages are decided 4
+// at a time (the Consume callback hands each to a goroutine and waits
+// only when 4 are busy), every one handled once, and Close waits for
+// them. (With fair shares a message's rate decides as it starts waiting
+// for its handler.)
 func TestConcurrentDecisions(t *testing.T) {
 	e := newEnv(t)
 	c := e.consumer(t, jetstream.ConsumerConfig{})
@@ -119,7 +121,7 @@ func TestConcurrentDecisions(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := newRecorder()
-	h := newHandler(t, rec.handle, g, WithConcurrency(4))
+	h := newHandler(t, rec.handle, g, WithConcurrency(4), WithFair(false))
 	for i := range 8 {
 		e.publish(t, "jobs.c", strconv.Itoa(i), nil)
 	}

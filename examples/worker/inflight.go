@@ -101,7 +101,7 @@ func describeWork(d time.Duration) string {
 
 // drainNote warns, before the run, when it cannot end before -timeout:
 // the last job arrives at the trace's span, and with -work the NATS
-// handlers (natsConcurrency in each of instances processes, and -inflight
+// handlers (-handlers in each of instances processes, and -inflight
 // n of them for a tenant) need their time. It returns "" when the run can
 // end in time (rate limits aside), else a line saying what makes it
 // longer.
@@ -109,7 +109,7 @@ func drainNote(jf jobsFile, cfg config, instances int) string {
 	least := jf.span() + cfg.Work
 	why := fmt.Sprintf("the last job arrives at %v", jf.span())
 	if cfg.Work > 0 {
-		handlers := natsConcurrency * instances
+		handlers := cfg.Handlers * instances
 		if d := time.Duration(len(jf.Jobs)) * cfg.Work / time.Duration(handlers); d > least {
 			least, why = d, fmt.Sprintf("%s of %v on %s", plural(len(jf.Jobs), "job"), cfg.Work, plural(handlers, "handler"))
 		}

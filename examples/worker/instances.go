@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,6 +56,8 @@ type record struct {
 	Addr     string              `json:"addr,omitempty"`   // metrics: where the process serves its metrics
 	Err      string              `json:"err,omitempty"`    // error: a line for the summary
 	Hybrid   *bucket.HybridStats `json:"hybrid,omitempty"` // done: the hybrid's decisions
+	// Deliveries, on done, counts the deliveries the process saw.
+	Deliveries int64 `json:"deliveries,omitempty"`
 }
 
 // recordWriter sends the events of a worker process as records, one JSON
@@ -156,15 +159,13 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	cons, err := js.Consumer(cctx, streamName, durableName)
-	cancel()
+	src, err := findSource(ctx, js, cfg)
 	if err != nil {
-		return fmt.Errorf("consumer %s of stream %s: %w", durableName, streamName, err)
+		return err
 	}
 	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs(), work: cfg.Work}
 	lim.rejected = w.reserved.set
-	stopConsumer, err := consume(cons, gate, inf, w, tp)
+	stopConsumer, err := consume(src, cfg, jf.weight, gate, inf, w, tp)
 	if err != nil {
 		return err
 	}
@@ -175,7 +176,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	case <-ctx.Done():
 	}
 	stopConsumer()
-	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	lim.close(ctx) // return a hybrid's unused tokens before its stats
 	for _, e := range w.handlerErrs.lines("handler error") {
@@ -184,7 +185,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	for _, e := range w.throttleErrs.lines("throttle error") {
 		rw.send(record{Kind: "error", Err: e})
 	}
-	done := record{Kind: "done"}
+	done := record{Kind: "done", Deliveries: w.delivered.Load()}
 	if hs, ok := lim.hybridStats(); ok {
 		done.Hybrid = &hs
 	}
@@ -229,6 +230,8 @@ type processes struct {
 	hybrid   bucket.HybridStats
 	isHybrid bool
 	stopping bool
+
+	deliveries atomic.Int64 // the deliveries the processes saw (their done records)
 }
 
 // startProcesses starts n worker processes (os.Executable() with
@@ -264,7 +267,8 @@ func (ps *processes) start(id int) error {
 		"-nats", ps.natsURL, "-redis", cfg.RedisURL, "-jobs", ps.jobsPath,
 		"-rate", cfg.Rate, "-rates", cfg.RatesPath, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
 		"-reservations", cfg.Reservations.String(),
-		"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String()}
+		"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String(),
+		"-fair=" + strconv.FormatBool(cfg.Fair), "-handlers", strconv.Itoa(cfg.Handlers), "-faults", cfg.Faults}
 	if cfg.Metrics != "" {
 		addr, err := processMetricsAddr(cfg.Metrics, id)
 		if err != nil {
@@ -386,6 +390,7 @@ func (ps *processes) apply(p *process, r record) {
 	case "error":
 		ps.errs.add(fmt.Sprintf("worker process #%d", p.id), errors.New(r.Err))
 	case "done":
+		ps.deliveries.Add(r.Deliveries)
 		ps.mu.Lock()
 		p.done = true
 		if h := r.Hybrid; h != nil {
@@ -477,7 +482,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	if err != nil {
 		return report{}, err
 	}
-	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
+	nc, natsName, js, start, rec := ns.nc, ns.name, ns.js, ns.start, ns.rec
 	rec.rateOf = rateOf
 	rec.horizon = cfg.Reservations
 	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec, out)
@@ -512,7 +517,10 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	stopFaults() // a fault under way recovers first
 	pubErr = stopPublisher(stopReason, pubErr, pubReturned, pubDone, pcancel)
 	stopProcesses()
-	info, deliveries := consumerInfo(cons)
+	info, deliveries, ok := consumerInfo(ns.source.stream)
+	if !ok {
+		deliveries = int(ps.deliveries.Load()) // the server did not answer: what the processes saw
+	}
 	cl.run()
 	printStop(out, stopReason, info)
 	ps.errs.print(out, "error")

@@ -32,18 +32,32 @@ type job struct {
 // at returns the arrival offset as a Duration.
 func (j job) at() time.Duration { return time.Duration(j.AtMS) * time.Millisecond }
 
-// jobsFile is the parsed jobs file: the jobs in arrival order and the
-// per-tenant rate overrides.
+// jobsFile is the parsed jobs file: the jobs in arrival order, and the
+// per-tenant rate overrides and fair-share weights of its rate lines.
 type jobsFile struct {
-	Jobs  []job
-	Rates map[string]throttle.Rate
+	Jobs    []job
+	Rates   map[string]throttle.Rate
+	Weights map[string]float64
 }
 
-// line is either a job or, without an id, a rate override for a tenant:
-// {"tenant": "initech", "rate": "10/1s"}.
+// line is either a job or, without an id, a rate line for a tenant: a
+// rate override, a weight in the fair shares of the handlers, or both:
+// {"tenant": "initech", "rate": "10/1s", "weight": 3}.
 type line struct {
 	job
-	Rate string `json:"rate"`
+	Rate   string   `json:"rate"`
+	Weight *float64 `json:"weight"`
+}
+
+// maxWeight bounds a rate line's weight.
+const maxWeight = 1e6
+
+// weight returns tenant's weight in the fair shares: its rate line's, or 1.
+func (jf jobsFile) weight(tenant string) float64 {
+	if w, ok := jf.Weights[tenant]; ok {
+		return w
+	}
+	return 1
 }
 
 // loadJobs reads a jobs file (JSON Lines). A missing file is reported with
@@ -68,7 +82,8 @@ func loadJobs(path string) (jobsFile, error) {
 // parseJobs parses JSON Lines: one job or rate override per line; blank
 // lines are skipped. Jobs are returned sorted by arrival (stable).
 func parseJobs(r io.Reader) (jobsFile, error) {
-	jf := jobsFile{Rates: map[string]throttle.Rate{}}
+	jf := jobsFile{Rates: map[string]throttle.Rate{}, Weights: map[string]float64{}}
+	rateLines := map[string]bool{}
 	ids := map[string]bool{}
 	err := eachLine(r, func(text string) error {
 		l, err := decodeLine(text)
@@ -78,21 +93,30 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 		if err := checkTenant(l.Tenant); err != nil {
 			return err
 		}
-		if l.Rate != "" {
+		if l.Rate != "" || l.Weight != nil {
 			if l.ID != "" || l.AtMS != 0 || l.Cost != 0 {
-				return errors.New("a rate line has a tenant and a rate only (a job has an id, and no rate)")
+				return errors.New("a rate line has a tenant, a rate and a weight only (a job has an id, and neither)")
 			}
-			rate, err := throttle.ParseRate(l.Rate)
-			if err == nil {
-				err = checkPeriod(rate)
-			}
-			if err != nil {
-				return err
-			}
-			if _, twice := jf.Rates[l.Tenant]; twice {
+			if rateLines[l.Tenant] {
 				return fmt.Errorf("a second rate line for tenant %s", l.Tenant)
 			}
-			jf.Rates[l.Tenant] = rate
+			rateLines[l.Tenant] = true
+			if l.Rate != "" {
+				rate, err := throttle.ParseRate(l.Rate)
+				if err == nil {
+					err = checkPeriod(rate)
+				}
+				if err != nil {
+					return err
+				}
+				jf.Rates[l.Tenant] = rate
+			}
+			if l.Weight != nil {
+				if w := *l.Weight; !(w > 0 && w <= maxWeight) {
+					return fmt.Errorf("weight must be a number > 0 and <= %g, got %v", float64(maxWeight), w)
+				}
+				jf.Weights[l.Tenant] = *l.Weight
+			}
 			return nil
 		}
 		j := l.job
@@ -121,7 +145,7 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 		return jobsFile{}, errors.New("no jobs")
 	}
 	tenants := jf.tenants()
-	for _, t := range slices.Sorted(maps.Keys(jf.Rates)) {
+	for _, t := range slices.Sorted(maps.Keys(rateLines)) {
 		if _, ok := slices.BinarySearch(tenants, t); !ok {
 			return jobsFile{}, fmt.Errorf("a rate line for tenant %s, which has no jobs (a typo?)", t)
 		}
@@ -163,6 +187,8 @@ func jsonKind(k reflect.Kind) string {
 		return "an integer"
 	case reflect.String:
 		return "a string"
+	case reflect.Float64:
+		return "a number"
 	}
 	return k.String()
 }

@@ -198,6 +198,11 @@ type config struct {
 	// concurrency.NewMemory); Work is how long every handler takes.
 	InFlight int
 	Work     time.Duration
+	// Fair shares each consumer's Handlers handlers across tenants
+	// (natsthrottle.ConsumeByKey and asynqthrottle's fair shares); false is
+	// first come, first served.
+	Fair     bool
+	Handlers int
 	// Faults is the -faults list: kill-redis, pause-redis, kill-worker,
 	// restart-nats, comma-separated, injected during the run.
 	Faults string
@@ -218,6 +223,8 @@ func defaultConfig() config {
 		Progress:  500 * time.Millisecond,
 
 		Reservations: time.Minute,
+		Fair:         true,
+		Handlers:     16,
 	}
 }
 
@@ -243,6 +250,8 @@ func main() {
 	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
 	flag.IntVar(&cfg.InFlight, "inflight", 0, "at most `N` handlers of a tenant at once, across every worker process (in Redis with -redis; 0: no limit)")
 	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks (below a quarter of the consumer's AckWait of 5s)")
+	flag.BoolVar(&cfg.Fair, "fair", cfg.Fair, "share the handlers fairly across tenants (max-min fair shares, weighted by the jobs file's \"weight\"); NATS pulls each tenant's messages from a consumer of its own when they can start. -fair=false: first come, first served, from one consumer")
+	flag.IntVar(&cfg.Handlers, "handlers", cfg.Handlers, "`N` handlers per process and consumer, NATS and asynq alike (1 to 1024)")
 	flag.StringVar(&cfg.Faults, "faults", "", "inject these faults during the run, one after the other: a comma-separated `list` of kill-redis (SIGKILL, restart on the same port 2s later) and pause-redis (SIGSTOP for 3s), which need -redis local; kill-worker (SIGKILL one worker process, a replacement starts), which needs -instances 2 or more; restart-nats (shut the embedded nats-server down and start it again on the same store)")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")

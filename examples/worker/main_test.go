@@ -42,6 +42,7 @@ func TestParseJobs(t *testing.T) {
 		in      string
 		jobs    []string // ids in arrival order
 		rates   map[string]string
+		weights map[string]float64
 		wantErr string
 	}{
 		{
@@ -57,6 +58,13 @@ func TestParseJobs(t *testing.T) {
 			in:    `{"tenant":"a","rate":"5/200ms"}` + "\n" + `{"id":"a1","tenant":"a","at_ms":0}`,
 			jobs:  []string{"a1"},
 			rates: map[string]string{"a": "5/200ms"},
+		},
+		{
+			name:    "weights, with and without a rate",
+			in:      `{"tenant":"a","rate":"5/200ms","weight":3}` + "\n" + `{"tenant":"b","weight":0.5}` + "\n" + `{"id":"a1","tenant":"a"}` + "\n" + `{"id":"b1","tenant":"b"}` + "\n" + `{"id":"c1","tenant":"c"}`,
+			jobs:    []string{"a1", "b1", "c1"},
+			rates:   map[string]string{"a": "5/200ms"},
+			weights: map[string]float64{"a": 3, "b": 0.5, "c": 1},
 		},
 		{name: "no jobs", in: `{"tenant":"a","rate":"5/s"}`, wantErr: "no jobs"},
 		{name: "bad json", in: `{"id":`, wantErr: "line 1"},
@@ -83,12 +91,18 @@ func TestParseJobs(t *testing.T) {
 		{name: "a line of 65537 bytes", in: `{"id":"x","tenant":"a"}` + "\r\n" + strings.Repeat(" ", 65537-23) + `{"id":"y","tenant":"a"}` + "\r\n", wantErr: "line 2: longer than 65536 bytes"},
 		{name: "a line of 65536 bytes", in: `{"id":"x","tenant":"a"}` + "\r\n" + strings.Repeat(" ", 65536-23) + `{"id":"y","tenant":"a"}` + "\r\n", jobs: []string{"x", "y"}},
 		{name: "not an object", in: `[]`, wantErr: "line 1: a line must be a JSON object, got array"},
-		{name: "a rate line with a job's fields", in: `{"tenant":"a","rate":"5/s","cost":3}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 1: a rate line has a tenant and a rate only"},
+		{name: "a rate line with a job's fields", in: `{"tenant":"a","rate":"5/s","cost":3}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 1: a rate line has a tenant, a rate and a weight only"},
 		{name: "zero-width space in an id", in: "{\"id\":\"a\u200bb\",\"tenant\":\"a\"}", wantErr: "no spaces, control or format characters"},
 		{name: "rate below a millisecond", in: `{"tenant":"a","rate":"1/1ns"}`, wantErr: "at least 1ms"},
 		{name: "negative cost", in: `{"id":"x","tenant":"a","cost":-1}`, wantErr: "cost"},
 		{name: "bad rate", in: `{"tenant":"a","rate":"5"}`, wantErr: "COUNT/PERIOD"},
-		{name: "id and rate", in: `{"id":"x","tenant":"a","rate":"5/s"}`, wantErr: "a rate line has a tenant and a rate only"},
+		{name: "id and rate", in: `{"id":"x","tenant":"a","rate":"5/s"}`, wantErr: "a rate line has a tenant, a rate and a weight only"},
+		{name: "zero weight", in: `{"tenant":"a","weight":0}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 1: weight must be a number > 0"},
+		{name: "negative weight", in: `{"tenant":"a","rate":"5/s","weight":-2}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 1: weight must be a number > 0"},
+		{name: "weight as a string", in: `{"tenant":"a","weight":"3"}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 1: weight must be a number, got string"},
+		{name: "weight on a job", in: `{"id":"x","tenant":"a","weight":3}`, wantErr: "a rate line has a tenant, a rate and a weight only"},
+		{name: "weight line twice", in: `{"tenant":"a","weight":3}` + "\n" + `{"tenant":"a","rate":"5/s"}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "line 2: a second rate line for tenant a"},
+		{name: "weight for a tenant without jobs", in: `{"tenant":"ghost","weight":2}` + "\n" + `{"id":"x","tenant":"a"}`, wantErr: "a rate line for tenant ghost, which has no jobs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,6 +132,11 @@ func TestParseJobs(t *testing.T) {
 			for tenant, s := range tt.rates {
 				if got := jf.Rates[tenant].String(); got != mustRate(t, s).String() {
 					t.Errorf("rate of %s = %s, want %s", tenant, got, s)
+				}
+			}
+			for tenant, w := range tt.weights {
+				if got := jf.weight(tenant); got != w {
+					t.Errorf("weight of %s = %v, want %v", tenant, got, w)
 				}
 			}
 		})
@@ -284,10 +303,20 @@ func writeJobs(t *testing.T, burst int, burstRate string, light int) string {
 
 // TestRun replays a small trace against an embedded NATS server and the
 // in-memory window: every job is handled exactly once, no tenant faster
-// than its limit, and the burst was throttled.
+// than its limit, and the burst was throttled: with fair shares (a
+// consumer per tenant, pulled when a job can start) without a NAK, each
+// job delivered once; first come, first served (-fair=false, no
+// reservations), by NAKs.
 func TestRun(t *testing.T) {
+	for _, fair := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) { testRun(t, fair) })
+	}
+}
+
+func testRun(t *testing.T, fair bool) {
 	cfg := defaultConfig()
-	cfg.Reservations = 0 // rejections bounce: the burst is NAKed
+	cfg.Fair = fair
+	cfg.Reservations = 0 // rejections bounce: without fair shares the burst is NAKed
 	cfg.JobsPath = writeJobs(t, 25, "5/200ms", 6)
 	cfg.Rate = "3/200ms"
 	cfg.Timeout = 20 * time.Second
@@ -310,8 +339,14 @@ func TestRun(t *testing.T) {
 	if burst.Published != 25 || burst.Handled != 25 || light.Published != 6 || light.Handled != 6 {
 		t.Errorf("burst %+v, light %+v", burst, light)
 	}
-	if burst.Naks == 0 {
+	switch {
+	case fair && (burst.Naks != 0 || rep.Deliveries != 31):
+		t.Errorf("burst: %d NAKs, %d deliveries in all; want 0 and 31 (a job is pulled when it can start)", burst.Naks, rep.Deliveries)
+	case !fair && burst.Naks == 0:
 		t.Error("the burst was never NAKed")
+	}
+	if burst.WaitP99 < 600*time.Millisecond {
+		t.Errorf("burst: p99 wait %v, want about 800 ms (25 jobs at 5 per 200 ms)", burst.WaitP99)
 	}
 	if burst.MaxInWindow != 5 {
 		t.Errorf("burst: max in window %d, want 5 (the limit, reached at the start)", burst.MaxInWindow)
@@ -505,6 +540,7 @@ func TestRunBucket(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := defaultConfig()
+			cfg.Fair = false     // NATS NAKs the burst (the fair shares would pull it when it can start)
 			cfg.Reservations = 0 // rejections bounce: the burst is NAKed
 			cfg.JobsPath = writeJobs(t, 25, "5/200ms", 6)
 			cfg.Rate = "3/200ms"
@@ -766,11 +802,13 @@ func mustWork(t *testing.T, cfg config) (report, *bytes.Buffer) {
 
 // TestRunReservations floods one tenant (600 jobs at once at 200/1s)
 // beside a quiet one under its own limit (5/s at 20/1s), with
-// reservations, on the in-memory window and on the Redis window: each
+// reservations, on the in-memory window and on the Redis window, first
+// come, first served (-fair=false: one consumer, in stream order): each
 // flood job that must wait is NAKed at most once (to its own slot), none
 // is held, the quiet tenant is never NAKed, every job is handled exactly
 // once and no tenant goes over its limit. The same flood without
-// reservations bounces: more NAKs than that.
+// reservations bounces: more NAKs than that. With fair shares (a
+// consumer per tenant) nothing is NAKed at all.
 func TestRunReservations(t *testing.T) {
 	var b strings.Builder
 	b.WriteString(`{"tenant":"flood","rate":"200/1s"}` + "\n")
@@ -792,9 +830,11 @@ func TestRunReservations(t *testing.T) {
 		{"memory", false, time.Minute},
 		{"redis", true, time.Minute},
 		{"memory, no reservations", false, 0},
+		{"memory, fair", false, time.Minute},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := defaultConfig()
+			cfg.Fair = strings.HasSuffix(tt.name, "fair")
 			cfg.JobsPath = path
 			cfg.Timeout = 30 * time.Second
 			cfg.Reservations = tt.reservations
@@ -811,6 +851,12 @@ func TestRunReservations(t *testing.T) {
 			}
 			t.Logf("flood: %d NAKs for %d that must wait, %d holds; quiet: %d NAKs, wait p99 %v", flood.Naks, flood.MustWait, flood.Holds, quiet.Naks, quiet.WaitP99)
 			limit := flood.MustWait * 115 / 100
+			if cfg.Fair {
+				if flood.Naks != 0 || rep.Deliveries != 615 || quiet.WaitP99 > 100*time.Millisecond {
+					t.Errorf("fair: flood %d NAKs, %d deliveries in all, quiet p99 wait %v; want 0, 615 and the quiet tenant at once", flood.Naks, rep.Deliveries, quiet.WaitP99)
+				}
+				return
+			}
 			if tt.reservations == 0 {
 				if flood.Naks <= limit {
 					t.Errorf("flood without reservations: %d NAKs, want a bounce (more than %d)", flood.Naks, limit)

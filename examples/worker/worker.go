@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -52,6 +53,14 @@ func consumerConfig() jetstream.ConsumerConfig {
 	}
 }
 
+// keyedConfig is the template of the per-tenant consumers of
+// natsthrottle.ConsumeByKey (-fair): cc for the subjects jobs.<tenant>,
+// one consumer "worker_<tenant>" each.
+func keyedConfig(cc jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+	cc.FilterSubject = subjectPrefix + "*"
+	return cc
+}
+
 // tenantOf is the throttle key of a message: the tenant in jobs.<tenant>.
 func tenantOf(subject string) (string, error) {
 	t, ok := strings.CutPrefix(subject, subjectPrefix)
@@ -92,6 +101,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	}
 	if cfg.InFlight < 0 {
 		return report{}, fmt.Errorf("-inflight: must be >= 0, got %d", cfg.InFlight)
+	}
+	if cfg.Handlers < 1 || cfg.Handlers > maxHandlers {
+		return report{}, fmt.Errorf("-handlers: must be from 1 to %d, got %d", maxHandlers, cfg.Handlers)
 	}
 	if cfg.Instances < 1 || cfg.Instances > maxInstances {
 		return report{}, fmt.Errorf("-instances: must be from 1 to %d (each is a worker process), got %d", maxInstances, cfg.Instances)
@@ -145,7 +157,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	nc, natsName, js, cons, start, rec := ns.nc, ns.name, ns.js, ns.cons, ns.start, ns.rec
+	nc, natsName, js, start, rec := ns.nc, ns.name, ns.js, ns.start, ns.rec
 	// The limit is checked at the admissions, not at handler starts: a
 	// handler may start a little after its admission (a held message runs
 	// on its own goroutine), which can bunch handler starts beyond the
@@ -184,7 +196,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	tracer := tp.Tracer(scopeName)
 	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs(), work: cfg.Work}
 	lim.rejected = w.reserved.set
-	stopConsumer, err := consume(cons, gate, inf, w, tp)
+	stopConsumer, err := consume(ns.source, cfg, jf.weight, gate, inf, w, tp)
 	if err != nil {
 		return report{}, err
 	}
@@ -237,7 +249,10 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if as != nil {
 		as.stop()
 	}
-	info, deliveries := consumerInfo(cons)
+	info, deliveries, ok := consumerInfo(ns.source.stream)
+	if !ok {
+		deliveries = int(w.delivered.Load()) // the server did not answer: what this process saw
+	}
 	cl.run()
 	printStop(out, stopReason, info)
 	w.handlerErrs.print(out, "handler error")
@@ -274,9 +289,19 @@ type natsRun struct {
 	nc     *nats.Conn
 	name   string
 	js     jetstream.JetStream
-	cons   jetstream.Consumer
+	source natsSource
 	start  time.Time
 	rec    *recorder
+}
+
+// natsSource is where a worker process consumes: the stream, and its
+// consumer config (cc; a consumer of its own per tenant with -fair, the
+// durable cons of the whole stream without).
+type natsSource struct {
+	stream jetstream.Stream
+	cons   jetstream.Consumer // nil with -fair
+	cc     jetstream.ConsumerConfig
+	fair   bool
 }
 
 // openNATS connects, sets up the stream and consumer, starts the recorder
@@ -306,7 +331,7 @@ func openNATS(ctx context.Context, cfg config, jobs int, cl *closers) (natsRun, 
 	if cfg.Faults != "" {
 		cc.MaxDeliver = faultMaxDeliver
 	}
-	js, cons, err := setUpStream(ctx, nc, cfg.NATSURL != "", cc, cl)
+	js, src, err := setUpStream(ctx, nc, cfg.NATSURL != "", cc, cfg.Fair, cl)
 	if err != nil {
 		return natsRun{}, err
 	}
@@ -315,13 +340,14 @@ func openNATS(ctx context.Context, cfg config, jobs int, cl *closers) (natsRun, 
 	if err := watchMaxDeliveries(nc, rec, cl); err != nil {
 		return natsRun{}, err
 	}
-	return natsRun{server: srv, nc: nc, name: name, js: js, cons: cons, start: start, rec: rec}, nil
+	return natsRun{server: srv, nc: nc, name: name, js: js, source: src, start: start, rec: rec}, nil
 }
 
 // watchMaxDeliveries counts, in rec, the messages the server gives up on
-// (MAX_DELIVERIES advisories of the worker's consumer). cl unsubscribes.
+// (MAX_DELIVERIES advisories of the worker's consumers: the durable, or
+// one per tenant with -fair). cl unsubscribes.
 func watchMaxDeliveries(nc *nats.Conn, rec *recorder, cl *closers) error {
-	advSub, err := nc.Subscribe(jetstream.DefaultAPIPrefix+"EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+streamName+"."+durableName, func(m *nats.Msg) {
+	advSub, err := nc.Subscribe(jetstream.DefaultAPIPrefix+"EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+streamName+".*", func(m *nats.Msg) {
 		var adv struct {
 			StreamSeq uint64 `json:"stream_seq"`
 		}
@@ -336,48 +362,79 @@ func watchMaxDeliveries(nc *nats.Conn, rec *recorder, cl *closers) error {
 	return nil
 }
 
+// maxHandlers bounds -handlers: each is a goroutine, and a waiting message
+// of each tenant is held in process with -fair.
+const maxHandlers = 1024
+
 // maxInstances bounds -instances: each is a process of its own, and a
 // typo (100000) would start processes until the machine gave out.
 const maxInstances = 64
 
-// natsConcurrency is how many messages the NATS handler decides and
-// handles at once, and how many the client buffers behind them
-// (PullMaxMessages; the default, 500, would hold a backlog of 500
-// messages whose AckWait runs while they wait: with -work 1s and 16 at
-// once, 30 s, and the server redelivers them while the stale copies are
-// still buffered, to be handled twice). With at most as many buffered as
-// in flight, a message waits about a -work for its decision, and a wait
-// for its slot restarts its AckWait (natsthrottle sends InProgress).
-const natsConcurrency = 16
+// The NATS handler decides and handles cfg.Handlers messages at once
+// (natsthrottle.WithConcurrency), shared fairly across tenants with -fair.
+// Without -fair, the client buffers as many behind them (PullMaxMessages;
+// the default, 500, would hold a backlog of 500 messages whose AckWait
+// runs while they wait: with -work 1s and 16 at once, 30 s, and the server
+// redelivers them while the stale copies are still buffered, to be
+// handled twice). With at most as many buffered as in flight, a message
+// waits about a -work for its decision, and a wait for its slot restarts
+// its AckWait (natsthrottle sends InProgress). With -fair each tenant's
+// consumer is pulled one message at a time, when it can start.
 
-// consume runs w's handler, gated by gate and, when not nil, by the
-// in-flight limit inf, on cons. The returned function stops pulling, then
-// waits for the messages the throttle holds; it is safe to call more than
-// once.
-func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlightLimiter, w *worker, tp trace.TracerProvider) (func(), error) {
+// consume runs w's handler on src, gated by gate and, when not nil, by the
+// in-flight limit inf, with cfg.Handlers handlers: with -fair through
+// natsthrottle.ConsumeByKey (a consumer per tenant, pulled in the order of
+// the fair shares, weighted by weight), else through src.cons.Consume. The
+// returned function stops pulling, then waits for the messages the
+// throttle holds; it is safe to call more than once.
+func consume(src natsSource, cfg config, weight func(string) float64, gate *throttle.Gate, inf throttle.InFlightLimiter, w *worker, tp trace.TracerProvider) (func(), error) {
 	throttled, err := natsthrottle.New(w.handle, gate,
 		natsthrottle.WithKeyFunc(func(m jetstream.Msg) (string, error) { return tenantOf(m.Subject()) }),
 		natsthrottle.WithCostFunc(jobCost),
-		natsthrottle.WithConsumer(cons), // MaxDeliver and AckWait, as created
+		natsthrottle.WithConsumerConfig(src.cc), // MaxDeliver and AckWait, as created
 		// Decisions are Redis round trips with -redis: 16 at once keep up
 		// with a burst of thousands, so the slots of messages that come
 		// back meanwhile are claimed on time.
-		natsthrottle.WithConcurrency(natsConcurrency),
+		natsthrottle.WithConcurrency(cfg.Handlers),
+		natsthrottle.WithFair(cfg.Fair),
+		natsthrottle.WithWeights(weight),
 		// At most -inflight handlers of a tenant at once (nil: no limit).
 		natsthrottle.WithInFlight(inf, inFlightLease),
 		natsthrottle.WithTracerProvider(tp),
 		natsthrottle.WithPropagators(propagation.TraceContext{}),
-		natsthrottle.WithErrorHandler(func(m jetstream.Msg, err error) { w.throttleErrs.add(m.Subject(), err) }),
+		natsthrottle.WithErrorHandler(func(m jetstream.Msg, err error) {
+			subject := "consumer"
+			if m != nil {
+				subject = m.Subject()
+			}
+			w.throttleErrs.add(subject, err)
+		}),
 	)
 	if err != nil {
 		return nil, err
 	}
-	maxDeliver := cons.CachedInfo().Config.MaxDeliver
-	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
+	maxDeliver := src.cc.MaxDeliver
+	observe := func(m jetstream.Msg) jetstream.Msg {
 		w.receivedNow(m)
 		tenant, _ := tenantOf(m.Subject())
-		throttled.Handle(observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved, maxDeliver: maxDeliver})
-	}, jetstream.PullMaxMessages(natsConcurrency))
+		return observedMsg{Msg: m, rec: w.rec, tenant: tenant, reserved: w.reserved, maxDeliver: maxDeliver}
+	}
+	closeThrottled := func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		throttled.Close(cctx)
+	}
+	if src.fair {
+		kc, err := throttled.ConsumeByKey(src.stream, keyedConfig(src.cc), natsthrottle.WrapPulled(observe))
+		if err != nil {
+			return nil, fmt.Errorf("consume: %w", err)
+		}
+		return sync.OnceFunc(func() {
+			kc.Stop()
+			closeThrottled()
+		}), nil
+	}
+	consumeCtx, err := src.cons.Consume(func(m jetstream.Msg) { throttled.Handle(observe(m)) }, jetstream.PullMaxMessages(cfg.Handlers))
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
 	}
@@ -387,9 +444,7 @@ func consume(cons jetstream.Consumer, gate *throttle.Gate, inf throttle.InFlight
 		case <-consumeCtx.Closed():
 		case <-time.After(10 * time.Second):
 		}
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		throttled.Close(cctx)
+		closeThrottled()
 	}), nil
 }
 
@@ -592,20 +647,21 @@ func connect(url string, cl *closers) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// setUpStream creates the jobs stream and the worker's durable consumer
-// with config cc.
+// setUpStream creates the jobs stream and, without fair shares, the
+// worker's durable consumer with config cc (with them, natsthrottle's
+// ConsumeByKey creates a consumer per tenant from cc).
 // On an external server, a stream left by an earlier run is deleted first,
 // and the stream is deleted again by cl.
-func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cc jetstream.ConsumerConfig, cl *closers) (jetstream.JetStream, jetstream.Consumer, error) {
+func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cc jetstream.ConsumerConfig, fair bool, cl *closers) (jetstream.JetStream, natsSource, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, nil, err
+		return nil, natsSource{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if external {
 		if err := js.DeleteStream(ctx, streamName); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, nil, fmt.Errorf("delete the stream %s of an earlier run: %w", streamName, err)
+			return nil, natsSource{}, fmt.Errorf("delete the stream %s of an earlier run: %w", streamName, err)
 		}
 	}
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{
@@ -614,7 +670,7 @@ func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cc jetstream
 		Duplicates: 2 * time.Minute,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("create stream %s: %w", streamName, err)
+		return nil, natsSource{}, fmt.Errorf("create stream %s: %w", streamName, err)
 	}
 	if external {
 		cl.add(func() {
@@ -623,11 +679,37 @@ func setUpStream(ctx context.Context, nc *nats.Conn, external bool, cc jetstream
 			js.DeleteStream(ctx, streamName)
 		})
 	}
-	cons, err := stream.CreateOrUpdateConsumer(ctx, cc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create consumer %s: %w", durableName, err)
+	src := natsSource{stream: stream, cc: cc, fair: fair}
+	if fair {
+		return js, src, nil
 	}
-	return js, cons, nil
+	if src.cons, err = stream.CreateOrUpdateConsumer(ctx, cc); err != nil {
+		return nil, natsSource{}, fmt.Errorf("create consumer %s: %w", durableName, err)
+	}
+	return js, src, nil
+}
+
+// findSource looks up the stream, and its durable consumer without fair
+// shares, that the main process set up (for a worker process).
+func findSource(ctx context.Context, js jetstream.JetStream, cfg config) (natsSource, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, err := js.Stream(ctx, streamName)
+	if err != nil {
+		return natsSource{}, fmt.Errorf("stream %s: %w", streamName, err)
+	}
+	cc := consumerConfig()
+	if cfg.Faults != "" {
+		cc.MaxDeliver = faultMaxDeliver
+	}
+	src := natsSource{stream: stream, cc: cc, fair: cfg.Fair}
+	if cfg.Fair {
+		return src, nil
+	}
+	if src.cons, err = stream.Consumer(ctx, durableName); err != nil {
+		return natsSource{}, fmt.Errorf("consumer %s of stream %s: %w", durableName, streamName, err)
+	}
+	return src, nil
 }
 
 // worker is the job handler. It runs only for admitted messages, on the
@@ -642,7 +724,8 @@ type worker struct {
 
 	handlerErrs, throttleErrs errorLog
 
-	received sync.Map // deliveryKey -> time.Time: when the delivery reached the worker
+	received  sync.Map     // deliveryKey -> time.Time: when the delivery reached the worker
+	delivered atomic.Int64 // deliveries that reached the worker
 }
 
 // deliveryKey names one delivery of a message: "SEQ:NUMDELIVERED".
@@ -657,6 +740,7 @@ func deliveryKey(m jetstream.Msg) (string, bool) {
 // receivedNow notes when the delivery m reached the worker, for its run's
 // record (handled.Received).
 func (w *worker) receivedNow(m jetstream.Msg) {
+	w.delivered.Add(1)
 	if k, ok := deliveryKey(m); ok {
 		w.received.Store(k, time.Now())
 	}
@@ -961,16 +1045,29 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	return s.w.Write(p)
 }
 
-// consumerInfo returns a line on the durable consumer's deliveries and
-// their number, or "" and -1 if the server does not answer.
-func consumerInfo(cons jetstream.Consumer) (string, int) {
+// consumerInfo returns a line on the deliveries of the stream's consumers
+// (the durable, or one per tenant with -fair) and their number, summed;
+// or "" and ok false if the server does not answer.
+func consumerInfo(stream jetstream.Stream) (line string, deliveries int, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ci, err := cons.Info(ctx)
-	if err != nil {
-		return "", -1
+	var n, delivered, ackPending int
+	var pending uint64
+	consumers := stream.ListConsumers(ctx)
+	for ci := range consumers.Info() {
+		n++
+		delivered += int(ci.Delivered.Consumer)
+		ackPending += ci.NumAckPending
+		pending += ci.NumPending
 	}
-	return fmt.Sprintf("consumer %s: %s, %d unacknowledged, %d undelivered", durableName, plural(int(ci.Delivered.Consumer), "delivery"), ci.NumAckPending, ci.NumPending), int(ci.Delivered.Consumer)
+	if consumers.Err() != nil || n == 0 {
+		return "", 0, false
+	}
+	which := "consumer " + durableName
+	if n > 1 {
+		which = fmt.Sprintf("%s (%s_<tenant>)", plural(n, "consumer"), durableName)
+	}
+	return fmt.Sprintf("%s: %s, %d unacknowledged, %d undelivered", which, plural(delivered, "delivery"), ackPending, pending), delivered, true
 }
 
 // printStop prints why the run stopped early, if it did, and the consumer

@@ -70,8 +70,8 @@ func (s *Scheduler) classify(now time.Time) {
 	i := 0
 	for ; i < len(keys); i++ {
 		a := keys[i]
-		if a.d >= left/wsum*a.k.weight {
-			break
+		if a.d > left/wsum*a.k.weight {
+			break // needs more than its share: it and the keys after it are heavy
 		}
 		a.k.light, a.k.share = true, a.d
 		s.lightShare += a.d
