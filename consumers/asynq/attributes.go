@@ -66,6 +66,10 @@ const (
 	// DispositionRequeued: rejected on its last attempt; a copy was
 	// enqueued to run after the retry-after and the original completes.
 	DispositionRequeued = "requeued"
+	// DispositionDeferred: sent back by the fair shares, to come back
+	// when its key's share of the handlers reaches it (a *RateLimitError,
+	// retried without counting a failure).
+	DispositionDeferred = "deferred"
 	// DispositionArchive: never admissible (key or cost function error, or
 	// a usage error from the Gate); returned wrapping asynq.SkipRetry, so
 	// asynq archives it.

@@ -52,6 +52,9 @@ type RateLimitError struct {
 	// backoff is true when the Gate admitted the task and the handler
 	// returned Backoff: RetryIn is its delay.
 	backoff bool
+	// deferred is true when the fair shares sent the task back until its
+	// key's share of the handlers reaches it: RetryIn is that delay.
+	deferred bool
 }
 
 func newRateLimitError(key string, d throttle.Decision, at time.Time) *RateLimitError {
@@ -69,6 +72,8 @@ func (e *RateLimitError) Error() string {
 		what = "in-flight limit reached"
 	case e.backoff:
 		what = "backoff: key paused"
+	case e.deferred:
+		what = "deferred to its key's share of the handlers"
 	}
 	s := fmt.Sprintf("asynqthrottle: %s: key %q, retry in %v", what, e.Key, e.RetryIn)
 	if e.Err != nil {

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/hibiken/asynq"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/queuethrottle/queuethrottle/internal/fair"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -31,9 +33,14 @@ func CopyTaskID(id string) string {
 
 // Middleware returns an asynq.MiddlewareFunc that gates every task with g
 // before the next handler runs: see NewHandler and the package
-// documentation.
+// documentation. asynq's ServeMux applies its middleware to every task
+// anew; the handlers Middleware returns share one state (the fair shares,
+// the reporting of store failures), so a ServeMux is fair across all its
+// tasks.
 func Middleware(g *throttle.Gate, opts ...Option) asynq.MiddlewareFunc {
-	return func(next asynq.Handler) asynq.Handler { return NewHandler(next, g, opts...) }
+	cfg := newConfig(opts)
+	st := newState(cfg)
+	return func(next asynq.Handler) asynq.Handler { return newHandler(next, g, cfg, st) }
 }
 
 // NewHandler returns an asynq.Handler that asks g to admit each task before
@@ -51,10 +58,15 @@ func Middleware(g *throttle.Gate, opts ...Option) asynq.MiddlewareFunc {
 // anything.
 func NewHandler(h asynq.Handler, g *throttle.Gate, opts ...Option) asynq.Handler {
 	cfg := newConfig(opts)
+	return newHandler(h, g, cfg, newState(cfg))
+}
+
+func newHandler(h asynq.Handler, g *throttle.Gate, cfg config, st *state) *handler {
 	hd := &handler{
-		next: h,
-		gate: g,
-		cfg:  cfg,
+		next:  h,
+		gate:  g,
+		cfg:   cfg,
+		state: st,
 		tracer: cfg.tracerProvider.Tracer(ScopeName,
 			trace.WithInstrumentationVersion(throttle.Version),
 			trace.WithSchemaURL(semconv.SchemaURL)),
@@ -76,7 +88,23 @@ type handler struct {
 	cfg       config
 	tracer    trace.Tracer
 	misconfig error
-	storeErrs throttle.StoreErrors // rate limit of store failures reported
+	*state
+}
+
+// state is what the handlers of one Middleware (or one NewHandler) share.
+type state struct {
+	storeErrs   throttle.StoreErrors         // rate limit of store failures reported
+	sched       *fair.Scheduler              // fair shares of the handlers; nil without
+	deferredIDs *lru.Cache[string, struct{}] // tasks the fair shares sent back (see processFair)
+}
+
+func newState(cfg config) *state {
+	st := &state{}
+	if n := cfg.fairHandlers(); n > 0 {
+		st.sched, _ = fair.New(fair.Config{Handlers: n, Weight: cfg.weights})
+		st.deferredIDs, _ = lru.New[string, struct{}](maxDeferred)
+	}
+	return st
 }
 
 // taskInfo is what the asynq context says about the task being processed.
@@ -128,6 +156,9 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 		return archive(span, err)
 	}
 	id := requestID(t, ti)
+	if h.sched != nil {
+		return h.processFair(ctx, span, t, ti, key, cost, id)
+	}
 	waits := 0
 	for {
 		d, err := h.admit(ctx, key, cost, id)
@@ -170,42 +201,64 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 		rl := newRateLimitError(key, d, at)
 		rl.slot, rl.backoff = refused, backedOff
 		until := at.Add(d.RetryAfter)
-		// A near reserved slot is waited for here: a retry could not come
-		// back in time for it (whole seconds, the check interval).
-		wait := d.Reserved && d.RetryAfter <= h.cfg.maxWait && !pastDeadline(ctx, until)
-		if !wait {
-			if d.Reserved {
-				rl.returnAt = until.Add(-h.cfg.checkInterval)
-			}
-			if !ti.last() {
-				span.SetAttributes(DispositionAttr.String(DispositionRetry))
-				return rl
-			}
-			if h.cfg.client != nil {
-				return h.requeue(ctx, span, t, ti, id, rl)
-			}
-			// Last attempt, no client: wait for the retry-after, then
-			// decide again.
-			if dl, ok := ctx.Deadline(); ok && until.After(dl) {
-				rl.Err = fmt.Errorf("rejected on its last attempt (retry %d of %d) and its deadline %v comes before the retry-after; asynq will archive it (use WithClient to re-enqueue instead)",
-					ti.retried, ti.maxRetry, dl.Format(time.RFC3339))
-				span.SetAttributes(DispositionAttr.String(DispositionRetry))
-				fail(span, rl)
-				return rl
-			}
+		if wait, err := h.putBack(ctx, span, t, ti, id, rl, until, d.Reserved); !wait {
+			return err
 		}
 		waits++
 		span.SetAttributes(WaitsAttr.Int(waits))
-		timer := time.NewTimer(time.Until(until))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			rl.Err = ctx.Err()
-			span.SetAttributes(DispositionAttr.String(DispositionRetry))
-			fail(span, rl)
-			return rl
-		case <-timer.C:
+		if err := sleepUntil(ctx, span, until, rl); err != nil {
+			return err
 		}
+	}
+}
+
+// putBack decides what becomes of a task turned away (rl; it may run at
+// until, on its reserved slot when reserved): it waits in the handler for
+// a near reserved slot (a retry could not come back in time for it, in
+// whole seconds and the check interval), and then wait is true; otherwise
+// err is what asynq gets: rl, a retry, or, on the task's last attempt, the
+// result of re-enqueueing a copy (WithClient), or rl with why it cannot
+// be kept from being archived; without a client, a task on its last
+// attempt waits in the handler.
+func (h *handler) putBack(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, id string, rl *RateLimitError, until time.Time, reserved bool) (wait bool, err error) {
+	if reserved && rl.RetryIn <= h.cfg.maxWait && !pastDeadline(ctx, until) {
+		return true, nil
+	}
+	if reserved {
+		rl.returnAt = until.Add(-h.cfg.checkInterval)
+	}
+	if !ti.last() {
+		span.SetAttributes(DispositionAttr.String(DispositionRetry))
+		return false, rl
+	}
+	if h.cfg.client != nil {
+		return false, h.requeue(ctx, span, t, ti, id, rl)
+	}
+	// Last attempt, no client: wait for the retry-after, then decide
+	// again.
+	if dl, ok := ctx.Deadline(); ok && until.After(dl) {
+		rl.Err = fmt.Errorf("rejected on its last attempt (retry %d of %d) and its deadline %v comes before the retry-after; asynq will archive it (use WithClient to re-enqueue instead)",
+			ti.retried, ti.maxRetry, dl.Format(time.RFC3339))
+		span.SetAttributes(DispositionAttr.String(DispositionRetry))
+		fail(span, rl)
+		return false, rl
+	}
+	return true, nil
+}
+
+// sleepUntil waits in the handler until until, and returns rl with the
+// context's error if ctx is done first.
+func sleepUntil(ctx context.Context, span trace.Span, until time.Time, rl *RateLimitError) error {
+	timer := time.NewTimer(time.Until(until))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		rl.Err = ctx.Err()
+		span.SetAttributes(DispositionAttr.String(DispositionRetry))
+		fail(span, rl)
+		return rl
+	case <-timer.C:
+		return nil
 	}
 }
 

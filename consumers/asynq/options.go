@@ -3,6 +3,7 @@ package asynqthrottle
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -31,6 +32,10 @@ type config struct {
 	propagators    propagation.TextMapPropagator
 	inFlight       throttle.InFlightLimiter // nil: no in-flight limit
 	lease          time.Duration
+	handlers       int                  // WithHandlers; 0: the server's Concurrency, if known
+	serverWorkers  int                  // the server's Concurrency (WithServerConfig); 0: unknown
+	noFair         bool                 // WithFair(false)
+	weights        func(string) float64 // nil: every key 1
 	onError        func(context.Context, *asynq.Task, error)
 	err            error // first invalid option
 }
@@ -103,13 +108,76 @@ const defaultCheckInterval = 5 * time.Second
 // WithMaxWait is retried to come back that much before its slot, and
 // waits in the handler for the rest, so asynq's whole seconds and its
 // check interval never make it late for its slot.
+//
+// It also reads Concurrency (0 means asynq's default, the number of
+// CPUs): the handlers the fair shares share, unless WithHandlers says
+// otherwise.
 func WithServerConfig(cfg asynq.Config) Option {
 	return optionFunc(func(c *config) {
 		c.checkInterval = defaultCheckInterval
 		if cfg.DelayedTaskCheckInterval > 0 {
 			c.checkInterval = cfg.DelayedTaskCheckInterval
 		}
+		c.serverWorkers = cfg.Concurrency
+		if c.serverWorkers < 1 {
+			c.serverWorkers = runtime.NumCPU()
+		}
 	})
+}
+
+// WithHandlers sets how many tasks the wrapped handler runs at once, n,
+// shared fairly across keys (see Fair shares in the package
+// documentation); tasks beyond them wait in the middleware, holding an
+// asynq worker, or are deferred. Default: the server's Concurrency
+// (WithServerConfig); without either, there are no fair shares. Set
+// Config.Concurrency above n for tasks to wait in (the waits for a near
+// reserved slot too): n handlers and up to 4n waiting for one need 5n. n
+// must be >= 1; otherwise every task fails with an error wrapping
+// throttle.ErrInvalidOption, as for a nil Gate.
+func WithHandlers(n int) Option {
+	return optionFunc(func(c *config) {
+		if n < 1 {
+			if c.err == nil {
+				c.err = &throttle.OptionError{Field: "WithHandlers", Reason: fmt.Sprintf("must be >= 1, got %d", n)}
+			}
+			return
+		}
+		c.handlers = n
+	})
+}
+
+// WithFair turns the fair shares of the handlers across keys on (the
+// default, wherever the handlers are known: WithHandlers or
+// WithServerConfig) or off (first come, first served, as asynq hands the
+// tasks over).
+func WithFair(on bool) Option {
+	return optionFunc(func(c *config) { c.noFair = !on })
+}
+
+// WithWeights sets the weight of each key in the fair shares: a key of
+// weight 3 gets three times the handler starts of a key of weight 1 while
+// both have more tasks than their shares. f is asked for a key when it is
+// first seen and again once its answer is a second old, so a changed
+// weight applies within a second; a weight that is not > 0 and finite
+// counts as 1. f must be safe for concurrent use and quick. Nil keeps the
+// default: every key 1.
+func WithWeights(f func(key string) float64) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.weights = f
+		}
+	})
+}
+
+// fairHandlers is the handlers the fair shares share; 0: none.
+func (c *config) fairHandlers() int {
+	switch {
+	case c.noFair:
+		return 0
+	case c.handlers > 0:
+		return c.handlers
+	}
+	return c.serverWorkers
 }
 
 // WithMaxWait sets how near a reserved slot must be for the task to wait

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -65,9 +66,10 @@ type asynqSide struct {
 
 	handlerErrs, throttleErrs errorLog
 
-	stopOnce sync.Once
-	archived int // after stop; -1 when unknown
-	failed   int
+	stopOnce   sync.Once
+	archived   int // after stop; -1 when unknown
+	failed     int
+	deliveries atomic.Int64 // tasks handed to the handler (countDeliveries)
 }
 
 // startAsynq starts the asynq server of a run on the Redis at redisURL
@@ -78,8 +80,10 @@ type asynqSide struct {
 // queues and closes the client.
 //
 // inf, when not nil, limits the handlers of a tenant running at once; each
-// takes work.
-func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, reservations, work time.Duration, cl *closers) (*asynqSide, error) {
+// takes cfg.Work. cfg.Handlers handlers run at once, shared fairly across
+// tenants by weight with cfg.Fair.
+func startAsynq(ctx context.Context, cfg config, queue string, tenants []string, weight func(string) float64, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, cl *closers) (*asynqSide, error) {
+	redisURL, reservations, work := cfg.RedisURL, cfg.Reservations, cfg.Work
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", err)
@@ -113,9 +117,11 @@ func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, l
 		return nil, err
 	}
 	scfg := asynq.Config{
-		// Room for the tasks that wait in the handler for a reserved slot
-		// at most DelayedTaskCheckInterval + 1 s ahead.
-		Concurrency: 300,
+		// cfg.Handlers run the job at once (asynqthrottle.WithHandlers);
+		// the rest of asynq's workers are room for the tasks that wait in
+		// the handler for one, or for a reserved slot at most
+		// DelayedTaskCheckInterval + 1 s ahead.
+		Concurrency: max(300, 5*cfg.Handlers),
 		Queues:      weights,
 		// Throttling is not a failure: the retry count stays, and the
 		// task is neither counted as failed nor archived. (Compose your
@@ -133,7 +139,10 @@ func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, l
 	}
 	a.srv = asynq.NewServerFromRedisClient(rc, scfg)
 	mux := asynq.NewServeMux()
-	mux.Use(asynqthrottle.Middleware(gate,
+	mux.Use(a.countDeliveries, asynqthrottle.Middleware(gate,
+		asynqthrottle.WithHandlers(cfg.Handlers),
+		asynqthrottle.WithFair(cfg.Fair),
+		asynqthrottle.WithWeights(weight),
 		asynqthrottle.WithClient(a.client), // re-enqueue instead of archiving on a last attempt
 		// A reserved slot further than DelayedTaskCheckInterval + 1 s is
 		// a retry that comes back before it; a nearer one is waited for.
@@ -158,6 +167,15 @@ func startAsynq(ctx context.Context, redisURL, queue string, tenants []string, l
 	}
 	cl.add(a.stop)
 	return a, nil
+}
+
+// countDeliveries counts every task asynq hands to the handler: its
+// deliveries, retries and the copies of last attempts included.
+func (a *asynqSide) countDeliveries(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		a.deliveries.Add(1)
+		return next.ProcessTask(ctx, t)
+	})
 }
 
 // taskJob decodes the job of a task.

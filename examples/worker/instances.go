@@ -484,6 +484,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	}
 	nc, natsName, js, start, rec := ns.nc, ns.name, ns.js, ns.start, ns.rec
 	rec.rateOf = rateOf
+	rec.weightOf = jf.weight
 	rec.horizon = cfg.Reservations
 	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec, out)
 	if err != nil {

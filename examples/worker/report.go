@@ -24,8 +24,17 @@ type (
 	jsonConsumer struct {
 		Name       string       `json:"name"`       // "nats" or "asynq"
 		Seconds    float64      `json:"seconds"`    // first arrival to last handler start
-		Deliveries int          `json:"deliveries"` // every delivery to the throttle (-1: unknown)
+		Deliveries int          `json:"deliveries"` // every delivery of every consumer used (NATS: the per-tenant consumers too; asynq: every task handed to the handler)
+		Fairness   jsonFairness `json:"fairness"`
 		Tenants    []jsonTenant `json:"tenants"`
+	}
+	// jsonFairness is Jain's index of the weight-normalized handler
+	// starts, per whole second with two or more tenants backlogged (see
+	// fairness).
+	jsonFairness struct {
+		Seconds  int     `json:"seconds"`
+		JainMean float64 `json:"jain_mean"`
+		JainMin  float64 `json:"jain_min"`
 	}
 	jsonTenant struct {
 		Tenant       string `json:"tenant"`
@@ -48,6 +57,8 @@ type (
 		WaitP99MS           float64 `json:"wait_p99_ms"`
 		MaxInFlight         int     `json:"max_in_flight"`             // most handlers running at once, start to end of work
 		InFlight            int     `json:"in_flight_limit,omitempty"` // -inflight (0: no limit)
+		Weight              float64 `json:"weight"`                    // in the fair shares of the handlers (the rate line's "weight", default 1)
+		StartsPerS          []int   `json:"starts_per_s"`              // handler starts in each whole second from the replay's t=0, to the last start
 	}
 )
 
@@ -72,7 +83,8 @@ func writeReport(path string, rep report, elapsed time.Duration) error {
 }
 
 func (rep report) jsonConsumer() jsonConsumer {
-	c := jsonConsumer{Name: "nats", Seconds: rep.Span.Seconds(), Deliveries: rep.Deliveries, Tenants: []jsonTenant{}}
+	c := jsonConsumer{Name: "nats", Seconds: rep.Span.Seconds(), Deliveries: rep.Deliveries, Tenants: []jsonTenant{},
+		Fairness: jsonFairness{Seconds: rep.Fairness.Seconds, JainMean: rep.Fairness.Mean, JainMin: rep.Fairness.Min}}
 	if rep.Consumer == consumerAsynq {
 		c.Name = "asynq"
 	}
@@ -96,6 +108,8 @@ func (rep report) jsonConsumer() jsonConsumer {
 			WaitP99MS:           ms(t.WaitP99),
 			MaxInFlight:         t.MaxInFlight,
 			InFlight:            rep.InFlight,
+			Weight:              t.Weight,
+			StartsPerS:          append([]int{}, t.StartsPerS...),
 		})
 	}
 	return c

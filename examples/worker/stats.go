@@ -136,8 +136,10 @@ type recorder struct {
 	rejects map[string]int       // job id -> rejections (asynq)
 	arrived map[string]time.Time // job id -> when it was published
 
-	// rateOf, if set, gives each tenant's limit for the progress lines.
-	rateOf func(string) throttle.Rate
+	// rateOf, if set, gives each tenant's limit for the progress lines;
+	// weightOf its weight in the fair shares (nil: 1).
+	rateOf   func(string) throttle.Rate
+	weightOf func(string) float64
 	// horizon is the reservations horizon, which bounds how late a
 	// redelivery after a fault may run and still be explained by it.
 	horizon time.Duration
@@ -364,6 +366,11 @@ type tenantReport struct {
 	// MaxInFlight is the most handlers of the tenant running at once,
 	// each from its start to the end of its work (before its ack).
 	MaxInFlight int
+	// Weight is the tenant's weight in the fair shares of the handlers;
+	// StartsPerS its handler starts in each whole second from the
+	// replay's t=0, ending at its last start.
+	Weight     float64
+	StartsPerS []int
 }
 
 // Over reports whether the tenant was admitted more than its limiter's
@@ -388,6 +395,7 @@ type report struct {
 	// the consumer's deliveries; asynq: handler runs plus rejections).
 	Span       time.Duration
 	Deliveries int
+	Fairness   fairness // of the handler starts across backlogged tenants
 
 	Hybrid    *bucket.HybridStats // decisions by source, with -limiter hybrid
 	InFlight  int                 // -inflight: handlers of a tenant allowed at once (0: no limit)
@@ -481,6 +489,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 		}
 	}
 	started := map[string]bool{}
+	var times []jobTimes
 	for _, h := range r.runs {
 		runs[h.Tenant] = append(runs[h.Tenant], h)
 		at := time.Unix(0, h.At)
@@ -491,6 +500,7 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 		started[h.JobID] = true
 		if arr, ok := r.arrived[h.JobID]; ok {
 			waits[h.Tenant] = append(waits[h.Tenant], max(at.Sub(arr), 0))
+			times = append(times, jobTimes{tenant: h.Tenant, arrived: arr, start: at})
 		}
 		switch d, ok := dups[h.JobID]; {
 		case ok && d.unexplained > 0:
@@ -503,6 +513,12 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 		rep.Span = last.Sub(first)
 	}
 	waiting := mustWait(jobs, rateOf, spec)
+	weightOf := r.weightOf
+	if weightOf == nil {
+		weightOf = func(string) float64 { return 1 }
+	}
+	starts := startsPerSecond(times, r.start)
+	rep.Fairness = measureFairness(times, r.start, starts, weightOf, rateOf)
 	for name, ts := range r.tenants {
 		rate := rateOf(name)
 		bound, text := spec.boundFor(name, rate)
@@ -519,6 +535,8 @@ func (r *recorder) summarize(jobs []job, rateOf func(string) throttle.Rate, spec
 			WaitP50:     percentile(waits[name], 0.50),
 			WaitP99:     percentile(waits[name], 0.99),
 			MaxInFlight: maxInFlight(runs[name]),
+			Weight:      weightOf(name),
+			StartsPerS:  starts[name],
 		})
 		rep.Deliveries += ts.Handled + ts.Naks
 	}
@@ -594,6 +612,7 @@ func (rep report) printTable(w io.Writer, heading string) {
 			roundWait(t.WaitP50), roundWait(t.WaitP99), inFlight, t.Rate.Per, t.MaxInWindow, t.BoundText, verdict)
 	}
 	tw.Flush()
+	fmt.Fprintln(w, rep.Fairness)
 	if lines := rep.timeline.sparklines(); len(lines) > 0 {
 		fmt.Fprintln(w, "admissions per second over the run (one character a second; a full block is the limit;")
 		fmt.Fprintln(w, "each admission at the middle of its decision's round trip, so a second may show a little over: the max in any window above is the exact count):")

@@ -164,6 +164,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// limit while the admissions respect it.
 	lim.admitted = rec.admitted
 	rec.rateOf = rateOf
+	rec.weightOf = jf.weight
 	rec.horizon = cfg.Reservations
 
 	// With -redis, an asynq server on the same Redis gets the same jobs,
@@ -177,12 +178,13 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		arec := newRecorder(start, len(jf.Jobs))
 		arec.consumer = consumerAsynq
 		arec.rateOf = rateOf
+		arec.weightOf = jf.weight
 		arec.horizon = cfg.Reservations
 		ainf, err := newInFlight(cfg.InFlight, rc, prefix+"asynq:inflight:")
 		if err != nil {
 			return report{}, err
 		}
-		if as, err = startAsynq(ctx, cfg.RedisURL, "qt-example-"+runID, jf.tenants(), alim, ainf, arec, tp, mp, cfg.Reservations, cfg.Work, &cl); err != nil {
+		if as, err = startAsynq(ctx, cfg, "qt-example-"+runID, jf.tenants(), jf.weight, alim, ainf, arec, tp, mp, &cl); err != nil {
 			return report{}, err
 		}
 	}
@@ -268,6 +270,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		as.throttleErrs.print(out, "asynq throttle error")
 		arep := as.rec.summarize(jf.Jobs, rateOf, spec)
 		arep.Queues, arep.Archived, arep.Failed, arep.MaxRetry = as.queues, as.archived, as.failed, asynqMaxRetry
+		arep.Deliveries = int(as.deliveries.Load())
 		arep.InFlight = cfg.InFlight
 		if hs, ok := as.lim.hybridStats(); ok {
 			arep.Hybrid = &hs

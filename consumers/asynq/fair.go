@@ -1,0 +1,197 @@
+package asynqthrottle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/queuethrottle/queuethrottle/internal/fair"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// maxDeferred bounds the tasks remembered as deferred by the fair shares
+// (so that they wait, not go back again, when they return).
+const maxDeferred = 100_000
+
+// processFair is the life of a task in the fair shares of the handlers
+// (WithHandlers, or the server's Concurrency). It asks for a handler:
+// deferred, it goes back to asynq once, as a *RateLimitError to return a
+// little before its key's share of the handlers reaches it (then it
+// waits here for the rest), not charged. Waiting here, its rate decides
+// at once (deciding once a handler is free would push a key that sends at
+// its rate later with every wait): refused, it goes back as a rejection
+// does (see putBack) and, back, asks again. Admitted, it waits for its
+// handler, takes its in-flight slot (refused, it waits for one of its
+// key's handlers to end) and runs.
+func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, key string, cost int, id string) error {
+	returning := h.wasDeferred(id)
+	// Before any handler has ended nothing can be deferred: a task beyond
+	// the scheduler's queue waits here, undecided, and asynq stops taking
+	// tasks once its workers all wait.
+	select {
+	case <-h.sched.Room():
+	case <-ctx.Done():
+	}
+	admitted := false
+	waits := 0
+	for {
+		maxWait := h.cfg.maxWait // the longest it waits here for a handler before it is deferred
+		if ti.last() {
+			maxWait = 0 // a retry would archive it: it waits here
+		}
+		ft := h.sched.Arrive(key, fair.Arrival{MaxWait: maxWait, Returning: returning})
+		if !admitted {
+			if deferredNow(ft) {
+				return h.deferTask(span, key, id, ft)
+			}
+			d, err := h.admit(ctx, key, cost, id)
+			if d.Err != nil {
+				h.storeFailure(ctx, t, key, d)
+			}
+			at := time.Now()
+			switch {
+			case err != nil && throttle.IsUsageError(err):
+				ft.Leave(fair.Block{})
+				return archive(span, err)
+			case err != nil:
+				ft.Leave(fair.Block{})
+				err = fmt.Errorf("asynqthrottle: admit: %w", err)
+				fail(span, err)
+				return err
+			case d.RetryAfter == throttle.Never && !d.Allowed:
+				ft.Leave(fair.Block{})
+				return archive(span, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
+			case !d.Allowed:
+				b := fair.Block{}
+				if !d.Reserved {
+					b.Until = at.Add(d.RetryAfter) // the key's other tasks would be refused as well
+				}
+				ft.Leave(b)
+				rl := newRateLimitError(key, d, at)
+				until := at.Add(d.RetryAfter)
+				if wait, err := h.putBack(ctx, span, t, ti, id, rl, until, d.Reserved); !wait {
+					return err
+				}
+				waits++
+				span.SetAttributes(WaitsAttr.Int(waits))
+				if err := sleepUntil(ctx, span, until, rl); err != nil {
+					return err
+				}
+				returning = true
+				continue
+			}
+			admitted = true
+		}
+		err, again := h.runFair(ctx, span, t, ti, key, id, ft)
+		if !again {
+			return err
+		}
+		// Put back by a Backoff, and back: decided again by its id.
+		admitted, returning = false, true
+	}
+}
+
+// runFair waits for ft's handler, takes the task's in-flight slot and
+// runs it. It returns what asynq gets, or again when the wrapped handler
+// returned Backoff and the task waited here for the key's pause (it is
+// then decided again).
+func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, key, id string, ft *fair.Ticket) (err error, again bool) {
+	for {
+		select {
+		case <-ft.Granted():
+		case <-ft.Deferred():
+			return h.deferTask(span, key, id, ft), false // admitted: its id is admitted again, free, while still counted
+		case <-ctx.Done():
+			ft.Leave(fair.Block{})
+			rl := newRateLimitError(key, throttle.Decision{RetryAfter: time.Second, ResetAfter: time.Second}, time.Now())
+			rl.Err = ctx.Err()
+			span.SetAttributes(DispositionAttr.String(DispositionRetry))
+			fail(span, rl)
+			return rl, false
+		}
+		s, sd, ok := h.acquire(ctx, span, t, key, id)
+		at := time.Now()
+		switch {
+		case !ok && sd.Source != throttle.SourceDegraded:
+			// Every slot of the key is held: its turn comes again when one
+			// of its handlers ends here (or the earliest lease does).
+			ft.Retry(fair.Block{Until: at.Add(sd.RetryAfter), UntilDone: true})
+			continue
+		case !ok:
+			// The in-flight limiter failed under FailClosed.
+			ft.Leave(fair.Block{})
+			rl := newRateLimitError(key, sd, at)
+			rl.slot = true
+			return h.putBackNow(ctx, span, t, ti, id, rl, at.Add(sd.RetryAfter))
+		}
+		err := h.run(ctx, span, t, s)
+		ft.Done()
+		be := backoffOf(err)
+		if be == nil {
+			return err, false
+		}
+		// The partner said 429: pause the key for everyone, and back like
+		// a rejection (admitted again on its id).
+		d := h.backoff(ctx, span, t, key, be)
+		at = time.Now()
+		rl := newRateLimitError(key, d, at)
+		rl.backoff = true
+		return h.putBackNow(ctx, span, t, ti, id, rl, at.Add(d.RetryAfter))
+	}
+}
+
+// putBackNow is putBack for a task that is not on a reserved slot, and,
+// when it waits here, the wait: it returns what asynq gets, or again once
+// the task has waited.
+func (h *handler) putBackNow(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, id string, rl *RateLimitError, until time.Time) (error, bool) {
+	if wait, err := h.putBack(ctx, span, t, ti, id, rl, until, false); !wait {
+		return err, false
+	}
+	if err := sleepUntil(ctx, span, until, rl); err != nil {
+		return err, false
+	}
+	return nil, true
+}
+
+// deferredNow reports whether ft was deferred as it arrived.
+func deferredNow(ft *fair.Ticket) bool {
+	select {
+	case <-ft.Deferred():
+		return true
+	default:
+		return false
+	}
+}
+
+// deferTask sends the task back to asynq, deferred by the fair shares: a
+// *RateLimitError that brings it back the server's check interval and a
+// second (asynq keeps retries in whole seconds) before its key's share
+// reaches it, to wait here for the rest.
+func (h *handler) deferTask(span trace.Span, key, id string, ft *fair.Ticket) error {
+	now := time.Now()
+	d := ft.Delay()
+	if id != "" {
+		h.deferredIDs.Add(id, struct{}{})
+	}
+	rl := newRateLimitError(key, throttle.Decision{RetryAfter: d, ResetAfter: d}, now)
+	rl.deferred = true
+	rl.returnAt = now.Add(max(d-h.cfg.checkInterval-time.Second, 0))
+	span.SetAttributes(DispositionAttr.String(DispositionDeferred))
+	return rl
+}
+
+// wasDeferred reports whether the task with identity id was deferred
+// before, and forgets it.
+func (h *handler) wasDeferred(id string) bool {
+	if id == "" {
+		return false
+	}
+	_, ok := h.deferredIDs.Peek(id)
+	if ok {
+		h.deferredIDs.Remove(id)
+	}
+	return ok
+}
