@@ -3,6 +3,7 @@ package asynqthrottle
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -45,7 +46,7 @@ func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Tas
 		ft := h.sched.Arrive(key, fair.Arrival{MaxWait: maxWait, Returning: returning})
 		if !admitted {
 			if deferredNow(ft) {
-				return h.deferTask(span, key, id, ft)
+				return h.deferTask(span, key, id, ti.queue, ft)
 			}
 			d, err := h.admit(ctx, key, cost, id)
 			if d.Err != nil {
@@ -103,7 +104,7 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 		select {
 		case <-ft.Granted():
 		case <-ft.Deferred():
-			return h.deferTask(span, key, id, ft), false // admitted: its id is admitted again, free, while still counted
+			return h.deferTask(span, key, id, ti.queue, ft), false // admitted: its id is admitted again, free, while still counted
 		case <-ctx.Done():
 			ft.Leave(fair.Block{})
 			rl := newRateLimitError(key, throttle.Decision{RetryAfter: time.Second, ResetAfter: time.Second}, time.Now())
@@ -129,6 +130,7 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 		}
 		err := h.run(ctx, span, t, s)
 		ft.Done()
+		h.recall()
 		be := backoffOf(err)
 		if be == nil {
 			return err, false
@@ -170,11 +172,12 @@ func deferredNow(ft *fair.Ticket) bool {
 // *RateLimitError that brings it back the server's check interval and a
 // second (asynq keeps retries in whole seconds) before its key's share
 // reaches it, to wait here for the rest.
-func (h *handler) deferTask(span trace.Span, key, id string, ft *fair.Ticket) error {
+func (h *handler) deferTask(span trace.Span, key, id, queue string, ft *fair.Ticket) error {
 	now := time.Now()
 	d := ft.Delay()
 	if id != "" {
 		h.deferredIDs.Add(id, struct{}{})
+		h.recalls.add(key, deferredTask{id: id, queue: queue})
 	}
 	rl := newRateLimitError(key, throttle.Decision{RetryAfter: d, ResetAfter: d}, now)
 	rl.deferred = true
@@ -194,4 +197,93 @@ func (h *handler) wasDeferred(id string) bool {
 		h.deferredIDs.Remove(id)
 	}
 	return ok
+}
+
+// recallEvery bounds how often deferred tasks are brought back sooner.
+const recallEvery = 50 * time.Millisecond
+
+// recalls are the tasks the fair shares deferred, per key in the order
+// they were deferred, for bringing back sooner (WithInspector).
+type recalls struct {
+	inspector *asynq.Inspector
+	mu        sync.Mutex
+	byKey     map[string][]deferredTask
+	last      time.Time
+	busy      bool
+}
+
+type deferredTask struct{ id, queue string }
+
+func (r *recalls) add(key string, t deferredTask) {
+	if r.inspector == nil || t.queue == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := append(r.byKey[key], t)
+	if len(q) > maxDeferred {
+		q = q[len(q)-maxDeferred:]
+	}
+	r.byKey[key] = q
+}
+
+// recall brings deferred tasks back sooner when their keys' shares go
+// unused (fair.Scheduler.Starved): as many as handlers are free and a
+// quarter of the handlers more (the handlers that will end before they
+// are back), taken in turn from those keys, each moved from the retry set to pending
+// (Inspector.RunTask; one that is no longer there, already back or gone,
+// is skipped). It runs at most every recallEvery, on a goroutine of its
+// own.
+func (h *handler) recall() {
+	r := &h.recalls
+	if r.inspector == nil {
+		return
+	}
+	r.mu.Lock()
+	if r.busy || time.Since(r.last) < recallEvery {
+		r.mu.Unlock()
+		return
+	}
+	keys, free := h.sched.Starved()
+	if len(keys) == 0 {
+		r.mu.Unlock()
+		return
+	}
+	want := free + h.sched.Handlers()/4
+	var picked []deferredTask
+	for len(picked) < want {
+		took := false
+		for _, k := range keys {
+			q := r.byKey[k]
+			for len(q) > 0 && !h.deferredIDs.Contains(q[0].id) {
+				q = q[1:] // came back already
+			}
+			if len(q) > 0 {
+				picked = append(picked, q[0])
+				q, took = q[1:], true
+			}
+			if len(q) == 0 {
+				delete(r.byKey, k)
+			} else {
+				r.byKey[k] = q
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	if len(picked) == 0 {
+		r.mu.Unlock()
+		return
+	}
+	r.busy, r.last = true, time.Now()
+	r.mu.Unlock()
+	go func() {
+		for _, t := range picked {
+			_ = r.inspector.RunTask(t.queue, t.id)
+		}
+		r.mu.Lock()
+		r.busy = false
+		r.mu.Unlock()
+	}()
 }

@@ -96,6 +96,7 @@ type state struct {
 	storeErrs   throttle.StoreErrors         // rate limit of store failures reported
 	sched       *fair.Scheduler              // fair shares of the handlers; nil without
 	deferredIDs *lru.Cache[string, struct{}] // tasks the fair shares sent back (see processFair)
+	recalls     recalls                      // deferred tasks to bring back sooner (WithInspector)
 }
 
 func newState(cfg config) *state {
@@ -103,6 +104,7 @@ func newState(cfg config) *state {
 	if n := cfg.fairHandlers(); n > 0 {
 		st.sched, _ = fair.New(fair.Config{Handlers: n, Weight: cfg.weights})
 		st.deferredIDs, _ = lru.New[string, struct{}](maxDeferred)
+		st.recalls = recalls{inspector: cfg.inspector, byKey: map[string][]deferredTask{}}
 	}
 	return st
 }

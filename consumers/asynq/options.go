@@ -26,6 +26,7 @@ type config struct {
 	keyFunc        func(context.Context, *asynq.Task) (string, error)
 	costFunc       func(context.Context, *asynq.Task) (int, error)
 	client         *asynq.Client
+	inspector      *asynq.Inspector
 	checkInterval  time.Duration // the server's DelayedTaskCheckInterval
 	maxWait        time.Duration // < 0: checkInterval + 1 s
 	tracerProvider trace.TracerProvider
@@ -94,6 +95,22 @@ func WithClient(c *asynq.Client) Option {
 	return optionFunc(func(cfg *config) {
 		if c != nil {
 			cfg.client = c
+		}
+	})
+}
+
+// WithInspector gives the middleware an inspector of the server's Redis,
+// with which the fair shares bring deferred tasks back sooner
+// (Inspector.RunTask, in the order they were deferred) when their key's
+// share of the handlers grew after they were deferred (other keys went
+// quiet) and handlers would otherwise idle while they wait in the retry
+// set: a task is deferred to when its key's share at that moment reaches
+// it. Without it, such tasks come back when they were told to. Nil keeps
+// the default (none).
+func WithInspector(i *asynq.Inspector) Option {
+	return optionFunc(func(c *config) {
+		if i != nil {
+			c.inspector = i
 		}
 	})
 }

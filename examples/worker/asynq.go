@@ -144,6 +144,8 @@ func startAsynq(ctx context.Context, cfg config, queue string, tenants []string,
 		asynqthrottle.WithFair(cfg.Fair),
 		asynqthrottle.WithWeights(weight),
 		asynqthrottle.WithClient(a.client), // re-enqueue instead of archiving on a last attempt
+		// Bring deferred tasks back sooner when their tenant's share grew.
+		asynqthrottle.WithInspector(a.insp),
 		// A reserved slot further than DelayedTaskCheckInterval + 1 s is
 		// a retry that comes back before it; a nearer one is waited for.
 		asynqthrottle.WithServerConfig(scfg),

@@ -529,6 +529,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	rep.Deliveries = deliveries
 	rep.Instances = cfg.Instances
 	rep.InFlight = cfg.InFlight
+	rep.timeline.Handlers = cfg.Handlers * cfg.Instances
 	if hs, ok := ps.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}

@@ -48,6 +48,7 @@ var (
 	colReserved = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
 	colHolds    = color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff}
 	colFault    = color.RGBA{R: 0x55, G: 0x55, B: 0x55, A: 0xff}
+	colBusy     = color.RGBA{R: 0x17, G: 0xbe, B: 0xcf, A: 0xff}
 )
 
 // checkPlotPath reports an error unless path ends in .svg or .html.
@@ -154,7 +155,7 @@ func plotSVG(title string, tls ...timeline) ([]byte, error) {
 			if len(tls) > 1 {
 				name = tl.Consumer.String() + ": " + name
 			}
-			up, down, err := tenantPlots(name, t, tl.Faults, end)
+			up, down, err := tenantPlots(name, t, tl.Faults, end, tl.Handlers)
 			if err != nil {
 				return nil, err
 			}
@@ -220,8 +221,9 @@ func plotSVG(title string, tls ...timeline) ([]byte, error) {
 	return bytes.ReplaceAll(b.Bytes(), []byte("font-family:Liberation Sans;"), []byte("font-family:'Liberation Sans',Arial,Helvetica,sans-serif;")), nil
 }
 
-// tenantPlots returns the two charts of a tenant's panel over [0, end].
-func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Duration) (upc, downc chart, err error) {
+// tenantPlots returns the two charts of a tenant's panel over [0, end];
+// handlers is how many the tenants share (0: unknown).
+func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Duration, handlers int) (upc, downc chart, err error) {
 	upc, downc = chart{legend: newLegend(), height: upHeight}, chart{legend: newLegend(), height: downHeight}
 	n := binCount(end, plotStep)
 	xs := func(vals []float64) plotter.XYs {
@@ -276,9 +278,10 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 	up.Y.Min, up.Y.Max = 0, top*1.15
 	up.Y.Tick.Marker = countTicks{}
 
-	// Below: what went back to the broker, and what was held.
+	// Below: the tenant's share of the handlers, what went back to the
+	// broker, and what was held.
 	down := plot.New()
-	down.Y.Label.Text = "messages"
+	down.Y.Label.Text = "messages, handlers"
 	down.X.Label.Text = "time since the start of the run (s)"
 	down.X.Min, down.X.Max = 0, xmax
 	down.Add(plotter.NewGrid())
@@ -302,9 +305,20 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 			hpts = append(hpts, plotter.XY{X: (time.Duration(i)*plotStep + plotStep/2).Seconds(), Y: v})
 		}
 	}
-	down.Add(nl, rl)
+	busy := t.busyPer(plotStep, end)
+	bl, err := plotter.NewLine(xs(busy))
+	if err != nil {
+		return chart{}, chart{}, err
+	}
+	bl.StepStyle, bl.Color, bl.Width = plotter.PostStep, colBusy, vg.Points(1.5)
+	down.Add(nl, rl, bl)
 	downc.legend.Add("NAKs/rejections per 100 ms", nl)
 	downc.legend.Add("… that reserved a slot", rl)
+	if handlers > 0 {
+		downc.legend.Add(fmt.Sprintf("handlers running, of %d", handlers), bl)
+	} else {
+		downc.legend.Add("handlers running", bl)
+	}
 	hs, err := plotter.NewScatter(hpts)
 	if err != nil {
 		return chart{}, chart{}, err
@@ -312,7 +326,7 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 	hs.GlyphStyle = draw.GlyphStyle{Color: colHolds, Radius: vg.Points(3.5), Shape: draw.PyramidGlyph{}}
 	down.Add(hs)
 	downc.legend.Add("held on last delivery", hs)
-	dtop := max(maxOf(naks), maxOf(holds), 1)
+	dtop := max(maxOf(naks), maxOf(holds), maxOf(busy), 1)
 	down.Y.Min, down.Y.Max = 0, dtop*1.15
 	down.Y.Tick.Marker = countTicks{}
 

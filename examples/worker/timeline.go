@@ -18,6 +18,7 @@ type timeline struct {
 	End      time.Duration    // the last instant recorded, or the elapsed time
 	Tenants  []tenantTimeline // sorted by tenant
 	Faults   []faultMark      // in the order injected
+	Handlers int              // the handlers the tenants share (every process's); 0: unknown
 }
 
 // tenantTimeline is one tenant's part of a timeline.
@@ -28,7 +29,11 @@ type tenantTimeline struct {
 	Admits []event         // admissions with their cost
 	Naks   []returned      // NAKs (NATS) or rejections (asynq)
 	Holds  []time.Duration // first InProgress of each held message
+	Runs   []runSpan       // handler runs, start to end of work
 }
+
+// runSpan is one handler run, as offsets from the start of the run.
+type runSpan struct{ start, end time.Duration }
 
 // faultMark is a fault injected into a run: its kind (e.g. "kill-redis"),
 // when it was injected and when the run had recovered from it (offsets
@@ -63,6 +68,18 @@ func (r *recorder) timelineLocked(rateOf func(string) throttle.Rate, spec limite
 			Holds:  append([]time.Duration(nil), r.holdsAt[name]...),
 		}
 		tl.Tenants = append(tl.Tenants, tt)
+	}
+	runs := map[string][]runSpan{}
+	for _, h := range r.runs {
+		start := time.Unix(0, h.At).Sub(r.start)
+		end := start
+		if h.End > 0 {
+			end = time.Unix(0, h.End).Sub(r.start)
+		}
+		runs[h.Tenant] = append(runs[h.Tenant], runSpan{start, end})
+	}
+	for i := range tl.Tenants {
+		tl.Tenants[i].Runs = runs[tl.Tenants[i].Tenant]
 	}
 	sort.Slice(tl.Tenants, func(a, b int) bool { return tl.Tenants[a].Tenant < tl.Tenants[b].Tenant })
 	return tl
@@ -105,6 +122,21 @@ func (t tenantTimeline) inWindow(step, end time.Duration) []float64 {
 		for _, e := range t.Admits {
 			if at := admitAt(e); at < hi && at >= hi-t.Rate.Per {
 				out[b] += float64(e.n)
+			}
+		}
+	}
+	return out
+}
+
+// busyPer returns the handlers the tenant had running in each bin of
+// width step, on average over the bin.
+func (t tenantTimeline) busyPer(step, end time.Duration) []float64 {
+	out := make([]float64, binCount(end, step))
+	for _, r := range t.Runs {
+		for b := max(int(r.start/step), 0); b < len(out) && time.Duration(b)*step < r.end; b++ {
+			lo, hi := max(r.start, time.Duration(b)*step), min(r.end, time.Duration(b+1)*step)
+			if hi > lo {
+				out[b] += float64(hi-lo) / float64(step)
 			}
 		}
 	}

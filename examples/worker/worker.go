@@ -262,6 +262,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	rep := rec.summarize(jf.Jobs, rateOf, spec)
 	rep.Deliveries = deliveries
 	rep.InFlight = cfg.InFlight
+	rep.timeline.Handlers = cfg.Handlers
 	if hs, ok := lim.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}
@@ -271,6 +272,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		arep := as.rec.summarize(jf.Jobs, rateOf, spec)
 		arep.Queues, arep.Archived, arep.Failed, arep.MaxRetry = as.queues, as.archived, as.failed, asynqMaxRetry
 		arep.Deliveries = int(as.deliveries.Load())
+		arep.timeline.Handlers = cfg.Handlers
 		arep.InFlight = cfg.InFlight
 		if hs, ok := as.lim.hybridStats(); ok {
 			arep.Hybrid = &hs

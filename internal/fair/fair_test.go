@@ -419,3 +419,43 @@ func TestRoomBeforeFirstEnd(t *testing.T) {
 		t.Fatal("no room once a handler time is known")
 	}
 }
+
+func TestStarved(t *testing.T) {
+	clock := newFakeClock()
+	s, _ := New(Config{Handlers: 1, Clock: clock})
+	a := s.Arrive("hog", Arrival{})
+	clock.advance(clock.Now().Add(100 * time.Millisecond))
+	a.Done() // a handler time is known (100 ms): waits can be estimated
+	b := s.Arrive("hog", Arrival{MaxWait: 150 * time.Millisecond})
+	mustBeGranted(t, b, true)
+	var all []*Ticket
+	for range 5 {
+		all = append(all, s.Arrive("hog", Arrival{MaxWait: 150 * time.Millisecond}))
+	}
+	var waiting []*Ticket
+	for _, tk := range all {
+		select {
+		case <-tk.Deferred():
+		default:
+			waiting = append(waiting, tk)
+		}
+	}
+	if len(waiting) != 1 {
+		t.Fatalf("%d of 5 waiting, want 1 (100 ms away; the others 200 ms or more, over their 150 ms)", len(waiting))
+	}
+	if keys, _ := s.Starved(); len(keys) != 0 {
+		t.Fatalf("starved %v while its handler runs", keys)
+	}
+	clock.advance(clock.Now().Add(100 * time.Millisecond))
+	b.Done()
+	mustBeGranted(t, waiting[0], true)
+	if keys, _ := s.Starved(); len(keys) != 0 {
+		t.Fatalf("starved %v with a message of its own running", keys)
+	}
+	clock.advance(clock.Now().Add(100 * time.Millisecond))
+	waiting[0].Done()
+	keys, free := s.Starved()
+	if len(keys) != 1 || keys[0] != "hog" || free != 1 {
+		t.Fatalf("Starved() = %v, %d; want [hog], 1: its deferred messages are ahead, none here, a handler free", keys, free)
+	}
+}

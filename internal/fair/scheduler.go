@@ -81,6 +81,7 @@ type Scheduler struct {
 	wakeGen    uint64 // of the pending timer
 	stopped    bool
 	roomCh     chan struct{} // closed when there is room again (see Room)
+	retrim     bool          // the shares moved since the waiting tickets were last trimmed
 
 	onGrant func(*Ticket) // tests: called under the lock at every grant
 	onDefer func(*Ticket) // tests: called under the lock at every deferral
@@ -323,8 +324,8 @@ func (s *Scheduler) enqueue(t *Ticket, front bool) {
 	copy(k.queue[i+1:], k.queue[i:])
 	k.queue[i] = t
 	s.queued++
-	if len(k.queue) == 1 {
-		s.dirty = true
+	if len(k.queue) == 1 || (k.light && float64(len(k.queue)+k.backlog) > k.share) {
+		s.dirty = true // it may no longer be light
 	}
 	s.readyChanged(k)
 }
@@ -385,6 +386,13 @@ func (s *Scheduler) dispatch(now time.Time) {
 			s.keptLight = s.keptLight[1:]
 		}
 		s.grant(k, now)
+	}
+	if s.retrim {
+		// What still waits, waits: trim it to the new shares.
+		s.retrim = false
+		for _, k := range s.keys {
+			s.trim(k, now)
+		}
 	}
 	if len(s.blocked) > 0 {
 		if at := s.blocked[0].freeAt(); wake.IsZero() || at.Before(wake) {

@@ -85,9 +85,7 @@ func (s *Scheduler) classify(now time.Time) {
 		a.k.light, a.k.share = false, left/wsum*a.k.weight
 	}
 	heap.Init(&s.ready)
-	for _, a := range keys {
-		s.trim(a.k, now) // the shares moved: so did the expected waits
-	}
+	s.retrim = true // the shares moved: so did the expected waits
 }
 
 // rate is how many grants per second k can expect: its share divided by
@@ -196,4 +194,27 @@ func (s *Scheduler) deferral(k *keyState, now time.Time, wait time.Duration) tim
 	k.pace = r
 	s.dirty = true
 	return slot.Sub(now)
+}
+
+// Starved returns the keys whose share of the handlers goes unused: they
+// have messages deferred and still to come back (slots ahead), none
+// waiting here, while handlers are free (free of them). Their share grew
+// after they were deferred (other keys went quiet); a caller that can
+// bring deferred messages back sooner (asynq's Inspector.RunTask) uses
+// it.
+func (s *Scheduler) Starved() (keys []string, free int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	free = s.handlers - s.running - s.queued
+	if free <= 0 {
+		return nil, 0
+	}
+	for name, k := range s.keys {
+		if k.cursor.After(now) && len(k.queue) == 0 && !k.blockedNow() {
+			keys = append(keys, name)
+		}
+	}
+	slices.Sort(keys)
+	return keys, free
 }
