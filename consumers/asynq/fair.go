@@ -169,9 +169,9 @@ func deferredNow(ft *fair.Ticket) bool {
 }
 
 // deferTask sends the task back to asynq, deferred by the fair shares: a
-// *RateLimitError that brings it back the server's check interval and a
-// second (asynq keeps retries in whole seconds) before its key's share
-// reaches it, to wait here for the rest.
+// *RateLimitError that brings it back the server's check interval before
+// its key's share reaches it (asynq keeps retry times in whole seconds,
+// cut down, so up to a second earlier still), to wait here for the rest.
 func (h *handler) deferTask(span trace.Span, key, id, queue string, ft *fair.Ticket) error {
 	now := time.Now()
 	d := ft.Delay()
@@ -181,7 +181,7 @@ func (h *handler) deferTask(span trace.Span, key, id, queue string, ft *fair.Tic
 	}
 	rl := newRateLimitError(key, throttle.Decision{RetryAfter: d, ResetAfter: d}, now)
 	rl.deferred = true
-	rl.returnAt = now.Add(max(d-h.cfg.checkInterval-time.Second, 0))
+	rl.returnAt = now.Add(max(d-h.cfg.checkInterval, 0))
 	span.SetAttributes(DispositionAttr.String(DispositionDeferred))
 	return rl
 }

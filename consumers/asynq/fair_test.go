@@ -1,0 +1,193 @@
+package asynqthrottle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
+)
+
+// tenantKey keys a task by its payload's prefix: "hog-7" is tenant hog.
+func tenantKey(_ context.Context, t *asynq.Task) (string, error) {
+	k, _, _ := strings.Cut(string(t.Payload()), "-")
+	return k, nil
+}
+
+// deferrals counts, from asynq's ErrorHandler, the tasks the fair shares
+// deferred (by payload, with when each was told to come back) and every
+// other error.
+type deferrals struct {
+	mu       sync.Mutex
+	byTask   map[string]int
+	returnAt map[string]time.Time
+	others   []error
+}
+
+func newDeferrals() *deferrals {
+	return &deferrals{byTask: map[string]int{}, returnAt: map[string]time.Time{}}
+}
+
+func (d *deferrals) HandleError(_ context.Context, t *asynq.Task, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var rl *RateLimitError
+	if errors.As(err, &rl) && rl.deferred && rl.Err == nil {
+		d.byTask[string(t.Payload())]++
+		d.returnAt[string(t.Payload())] = rl.returnAt
+		return
+	}
+	d.others = append(d.others, err)
+}
+
+// concurrent counts the wrapped handler's runs at once.
+type concurrent struct{ now, most atomic.Int64 }
+
+func (c *concurrent) work(d time.Duration) func(string, int) error {
+	return func(string, int) error {
+		n := c.now.Add(1)
+		for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+		}
+		time.Sleep(d)
+		c.now.Add(-1)
+		return nil
+	}
+}
+
+// TestFairShares: 60 tasks of one tenant at once, then a calm tenant's
+// task every 200 ms, through 4 handlers of 200 ms (a backlog of 3 s).
+// With fair shares the calm tasks start about as they come and are never
+// deferred, the flood's tasks beyond their share go back once each, at
+// most 4 run at once, and every task runs once; first come, first served
+// (WithFair(false)), the calm ones wait behind the flood.
+func TestFairShares(t *testing.T) {
+	const hog, calm, work = 60, 10, 200 * time.Millisecond
+	for _, fairOn := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fair=%v", fairOn), func(t *testing.T) {
+			e := newEnv(t)
+			var c concurrent
+			rec := newRecorder(c.work(work))
+			lim, err := window.NewMemory(throttle.PerSecond(10_000))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defs := newDeferrals()
+			scfg := asynq.Config{Concurrency: 40, ErrorHandler: defs}
+			if !fairOn {
+				scfg.Concurrency = 4 // first come, first served on 4 workers
+			}
+			scfg.DelayedTaskCheckInterval = delayedCheck
+			h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(4), WithFair(fairOn), WithInspector(e.insp))
+			for i := range hog {
+				e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "hog-%d", i)), asynq.MaxRetry(3))
+			}
+			e.serve(t, scfg, h)
+			rec.waitRuns(t, 1, 5*time.Second)
+			enqueued := map[string]time.Time{}
+			for i := range calm {
+				p := fmt.Sprintf("calm-%d", i)
+				enqueued[p] = time.Now()
+				e.enqueue(t, asynq.NewTask("work", []byte(p)), asynq.MaxRetry(3))
+				time.Sleep(work)
+			}
+			rec.waitRuns(t, hog+calm, 30*time.Second)
+			e.settled(t, "default", 5*time.Second)
+			var waits []time.Duration
+			for p, at := range enqueued {
+				waits = append(waits, rec.runsOf(p)[0].at.Sub(at))
+			}
+			slices.Sort(waits)
+			switch longest := waits[len(waits)-1]; {
+			case fairOn && longest > 300*time.Millisecond:
+				t.Errorf("calm's longest wait %v with fair shares, want well under the flood's backlog (waits %v)", longest, waits)
+			case !fairOn && waits[0] < time.Second:
+				t.Errorf("calm's shortest wait %v without fair shares, want it behind the flood's backlog", waits[0])
+			}
+			if most := c.most.Load(); most > 4 {
+				t.Errorf("%d handlers at once, want <= 4", most)
+			}
+			defs.mu.Lock()
+			defer defs.mu.Unlock()
+			for p, n := range defs.byTask {
+				if strings.HasPrefix(p, "calm") || n > 1 {
+					t.Errorf("task %s deferred %d times, want calm tasks never, the flood's at most once", p, n)
+				}
+			}
+			if fairOn && len(defs.byTask) == 0 {
+				t.Error("no flood task deferred")
+			}
+			if len(defs.others) > 0 {
+				t.Errorf("other errors: %v", defs.others)
+			}
+			for i := range hog {
+				if n := len(rec.runsOf(fmt.Sprintf("hog-%d", i))); n != 1 {
+					t.Errorf("hog-%d ran %d times", i, n)
+				}
+			}
+			t.Logf("calm waits p50 %v max %v; %d flood tasks deferred", waits[len(waits)/2], waits[len(waits)-1], len(defs.byTask))
+		})
+	}
+}
+
+// TestInspectorBringsDeferredBack: two tenants flood 4 handlers of 50 ms
+// at once, so each one's tasks beyond its share are deferred at half the
+// handlers' pace; one tenant's flood is short, and once it is done the
+// other's deferred tasks are brought back sooner (WithInspector) than
+// they were told to come back, instead of leaving handlers idle.
+func TestInspectorBringsDeferredBack(t *testing.T) {
+	const work = 50 * time.Millisecond
+	e := newEnv(t)
+	var c concurrent
+	rec := newRecorder(c.work(work))
+	lim, err := window.NewMemory(throttle.PerSecond(10_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs := newDeferrals()
+	scfg := asynq.Config{Concurrency: 24, ErrorHandler: defs, DelayedTaskCheckInterval: delayedCheck}
+	h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(4), WithInspector(e.insp))
+	const long, short = 240, 12
+	for i := range long {
+		e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "long-%d", i)), asynq.MaxRetry(3))
+		if i < short {
+			e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "short-%d", i)), asynq.MaxRetry(3))
+		}
+	}
+	e.serve(t, scfg, h)
+	rec.waitRuns(t, long+short, 30*time.Second)
+	e.settled(t, "default", 5*time.Second)
+	defs.mu.Lock()
+	defer defs.mu.Unlock()
+	early := 0
+	for p, at := range defs.returnAt {
+		if runs := rec.runsOf(p); len(runs) == 1 && runs[0].at.Before(at.Add(-time.Second)) {
+			early++
+		}
+	}
+	if early == 0 {
+		t.Fatalf("no deferred task ran a second before it was told to come back (%d deferred): none was brought back", len(defs.returnAt))
+	}
+	for i := range long {
+		if n := len(rec.runsOf(fmt.Sprintf("long-%d", i))); n != 1 {
+			t.Errorf("long-%d ran %d times", i, n)
+		}
+	}
+	t.Logf("%d of %d deferred tasks brought back sooner", early, len(defs.returnAt))
+}
+
+func TestWithHandlersValidates(t *testing.T) {
+	h := NewHandler(newRecorder(nil), newGate(t, newScripted(nil)), WithHandlers(0))
+	err := h.ProcessTask(context.Background(), asynq.NewTask("work", []byte("x")))
+	if !errors.Is(err, throttle.ErrInvalidOption) {
+		t.Fatalf("ProcessTask with WithHandlers(0) = %v, want ErrInvalidOption", err)
+	}
+}
