@@ -7,24 +7,35 @@ import (
 	"time"
 )
 
-// demand is how many handlers k would use now, as the shares see it: its
-// average running count, or what it has waiting (here, in the broker, and
-// deferred) if that is more, since that much would run at once. A blocked
-// key needs only what it runs.
-func (s *Scheduler) demand(k *keyState, now time.Time) float64 {
+// use is how many handlers k uses, as the shares see it: its average
+// running count, or what it runs now if that is more; a key blocked until
+// one of its handlers ends (its in-flight limit) uses what it could run.
+func (k *keyState) use() float64 {
 	d := max(k.busy.v, float64(k.running))
-	if k.blockedNow() {
-		if k.untilDone {
-			return max(d, float64(k.inFlightCap))
-		}
-		return d
+	if k.untilDone {
+		d = max(d, float64(k.inFlightCap))
 	}
-	want := float64(len(k.queue) + k.backlog)
-	if k.cursor.After(now) {
-		want += math.Ceil(k.cursor.Sub(now).Seconds() * k.pace)
-	}
-	return max(d, want)
+	return d
 }
+
+// waiting is how many messages of k wait for a handler: here, in the
+// broker (its backlog) and deferred; none while k is blocked (they could
+// not run).
+func (k *keyState) waiting(now time.Time) float64 {
+	if k.blockedNow() {
+		return 0
+	}
+	w := float64(len(k.queue) + k.backlog)
+	if k.cursor.After(now) {
+		w += math.Ceil(k.cursor.Sub(now).Seconds() * k.pace)
+	}
+	return w
+}
+
+// floodFactor: a key with more than this many times its part of the
+// handlers waiting needs more than any share (a flood), whatever it used
+// so far.
+const floodFactor = 4
 
 // classify splits the active keys into light and heavy by max-min fair
 // (water-filling) shares of the handlers, when the last split is stale,
@@ -43,8 +54,8 @@ func (s *Scheduler) classify(now time.Time) {
 	wsum := 0.0
 	for name, k := range s.keys {
 		k.busy.update(now, k.running)
-		d := s.demand(k, now)
-		if d < busyFloor && k.running == 0 && len(k.queue) == 0 {
+		d := k.use()
+		if d < busyFloor && k.running == 0 && k.waiting(now) == 0 {
 			k.light, k.share = true, 0
 			if now.Sub(k.lastSeen) > dropAfter && !k.cursor.After(now) && !k.blockedNow() {
 				delete(s.keys, name)
@@ -53,6 +64,15 @@ func (s *Scheduler) classify(now time.Time) {
 		}
 		keys = append(keys, active{k, d})
 		wsum += k.weight
+	}
+	// A key's demand is what it uses, measured over about a second (a few
+	// messages waiting for a moment are what a key under its share looks
+	// like), unless a flood of them waits.
+	for i := range keys {
+		k := keys[i].k
+		if w := k.waiting(now); w > 1 && w > floodFactor*float64(s.handlers)*k.weight/wsum {
+			keys[i].d = math.Inf(1)
+		}
 	}
 	slices.SortFunc(keys, func(a, b active) int {
 		x, y := a.d/a.k.weight, b.d/b.k.weight
@@ -83,6 +103,9 @@ func (s *Scheduler) classify(now time.Time) {
 	}
 	for _, a := range keys[i:] {
 		a.k.light, a.k.share = false, left/wsum*a.k.weight
+		if a.k.untilDone {
+			a.k.share = min(a.k.share, a.k.use()) // no more than its in-flight limit lets it run
+		}
 	}
 	heap.Init(&s.ready)
 	s.retrim = true // the shares moved: so did the expected waits
