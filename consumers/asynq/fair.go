@@ -71,14 +71,7 @@ func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Tas
 					b.Until = at.Add(d.RetryAfter) // the key's other tasks would be refused as well
 				}
 				ft.Leave(b)
-				rl := newRateLimitError(key, d, at)
-				until := at.Add(d.RetryAfter)
-				if wait, err := h.putBack(ctx, span, t, ti, id, rl, until, d.Reserved); !wait {
-					return err
-				}
-				waits++
-				span.SetAttributes(WaitsAttr.Int(waits))
-				if err := sleepUntil(ctx, span, until, rl); err != nil {
+				if waited, err := h.waitOut(ctx, span, t, ti, id, newRateLimitError(key, d, at), at.Add(d.RetryAfter), d.Reserved, &waits); !waited {
 					return err
 				}
 				returning = true
@@ -86,7 +79,7 @@ func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Tas
 			}
 			admitted = true
 		}
-		err, again := h.runFair(ctx, span, t, ti, key, id, ft)
+		again, err := h.runFair(ctx, span, t, ti, key, id, ft, &waits)
 		if !again {
 			return err
 		}
@@ -99,19 +92,19 @@ func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Tas
 // runs it. It returns what asynq gets, or again when the wrapped handler
 // returned Backoff and the task waited here for the key's pause (it is
 // then decided again).
-func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, key, id string, ft *fair.Ticket) (err error, again bool) {
+func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, key, id string, ft *fair.Ticket, waits *int) (again bool, err error) {
 	for {
 		select {
 		case <-ft.Granted():
 		case <-ft.Deferred():
-			return h.deferTask(span, key, id, ti.queue, ft), false // admitted: its id is admitted again, free, while still counted
+			return false, h.deferTask(span, key, id, ti.queue, ft) // admitted: its id is admitted again, free, while still counted
 		case <-ctx.Done():
 			ft.Leave(fair.Block{})
 			rl := newRateLimitError(key, throttle.Decision{RetryAfter: time.Second, ResetAfter: time.Second}, time.Now())
 			rl.Err = ctx.Err()
 			span.SetAttributes(DispositionAttr.String(DispositionRetry))
 			fail(span, rl)
-			return rl, false
+			return false, rl
 		}
 		s, sd, ok := h.acquire(ctx, span, t, key, id)
 		at := time.Now()
@@ -126,14 +119,14 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 			ft.Leave(fair.Block{})
 			rl := newRateLimitError(key, sd, at)
 			rl.slot = true
-			return h.putBackNow(ctx, span, t, ti, id, rl, at.Add(sd.RetryAfter))
+			return h.waitOut(ctx, span, t, ti, id, rl, at.Add(sd.RetryAfter), false, waits)
 		}
 		err := h.run(ctx, span, t, s)
 		ft.Done()
 		h.recall()
 		be := backoffOf(err)
 		if be == nil {
-			return err, false
+			return false, err
 		}
 		// The partner said 429: pause the key for everyone, and back like
 		// a rejection (admitted again on its id).
@@ -141,21 +134,8 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 		at = time.Now()
 		rl := newRateLimitError(key, d, at)
 		rl.backoff = true
-		return h.putBackNow(ctx, span, t, ti, id, rl, at.Add(d.RetryAfter))
+		return h.waitOut(ctx, span, t, ti, id, rl, at.Add(d.RetryAfter), false, waits)
 	}
-}
-
-// putBackNow is putBack for a task that is not on a reserved slot, and,
-// when it waits here, the wait: it returns what asynq gets, or again once
-// the task has waited.
-func (h *handler) putBackNow(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, id string, rl *RateLimitError, until time.Time) (error, bool) {
-	if wait, err := h.putBack(ctx, span, t, ti, id, rl, until, false); !wait {
-		return err, false
-	}
-	if err := sleepUntil(ctx, span, until, rl); err != nil {
-		return err, false
-	}
-	return nil, true
 }
 
 // deferredNow reports whether ft was deferred as it arrived.

@@ -202,16 +202,27 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 		}
 		rl := newRateLimitError(key, d, at)
 		rl.slot, rl.backoff = refused, backedOff
-		until := at.Add(d.RetryAfter)
-		if wait, err := h.putBack(ctx, span, t, ti, id, rl, until, d.Reserved); !wait {
-			return err
-		}
-		waits++
-		span.SetAttributes(WaitsAttr.Int(waits))
-		if err := sleepUntil(ctx, span, until, rl); err != nil {
+		if waited, err := h.waitOut(ctx, span, t, ti, id, rl, at.Add(d.RetryAfter), d.Reserved, &waits); !waited {
 			return err
 		}
 	}
+}
+
+// waitOut handles a task turned away (rl; it may run at until, on its
+// reserved slot when reserved): putBack decides, and a task that waits
+// here counts the wait on the span (waits) and sleeps until until. It
+// reports whether the task waited, to be decided again; otherwise err is
+// what asynq gets.
+func (h *handler) waitOut(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, id string, rl *RateLimitError, until time.Time, reserved bool, waits *int) (waited bool, err error) {
+	if wait, err := h.putBack(ctx, span, t, ti, id, rl, until, reserved); !wait {
+		return false, err
+	}
+	*waits++
+	span.SetAttributes(WaitsAttr.Int(*waits))
+	if err := sleepUntil(ctx, span, until, rl); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // putBack decides what becomes of a task turned away (rl; it may run at

@@ -2,7 +2,6 @@ package natsthrottle
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -35,20 +34,7 @@ func TestHandleFairShares(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(cc.Stop)
-			waitFor(t, 5*time.Second, "the flood started", func() bool { return s.handled() > 0 })
-			var seqs []uint64
-			var published []time.Time
-			for i := range calm {
-				seqs = append(seqs, e.publish(t, "jobs.calm", fmt.Sprint(i), nil))
-				published = append(published, time.Now())
-				time.Sleep(work)
-			}
-			waitFor(t, 20*time.Second, "every message handled", func() bool { return s.handled() == flood+calm })
-			var waits []time.Duration
-			for i, seq := range seqs {
-				waits = append(waits, s.startedAt(seq).Sub(published[i]))
-			}
-			slices.Sort(waits)
+			waits := s.calmBeside(t, e, flood, calm, work)
 			longest := waits[len(waits)-1]
 			// The flood's backlog: (flood / 4) × 50 ms = 1.5 s.
 			switch {
@@ -70,7 +56,7 @@ func TestHandleFairShares(t *testing.T) {
 				}
 			}
 			calmSeq := map[uint64]bool{}
-			for _, q := range seqs {
+			for _, q := range s.calmSeqs {
 				calmSeq[q] = true
 			}
 			calmNaks := 0

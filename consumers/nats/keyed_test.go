@@ -27,6 +27,8 @@ type starts struct {
 	most    map[string]int
 	work    time.Duration
 	started map[uint64]time.Time
+	// calmSeqs are the stream sequences calmBeside published.
+	calmSeqs []uint64
 }
 
 func newStarts(work time.Duration) *starts {
@@ -53,6 +55,29 @@ func (s *starts) handled() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.runs)
+}
+
+// calmBeside waits for the flood's first start, publishes calm messages
+// on jobs.calm every work, waits until all flood+calm are handled, and
+// returns the calm ones' waits from publish to handler start, sorted.
+func (s *starts) calmBeside(t *testing.T, e *env, flood, calm int, work time.Duration) []time.Duration {
+	t.Helper()
+	waitFor(t, 5*time.Second, "the flood started", func() bool { return s.handled() > 0 })
+	var published []time.Time
+	var seqs []uint64
+	for i := range calm {
+		seqs = append(seqs, e.publish(t, "jobs.calm", fmt.Sprint(i), nil))
+		published = append(published, time.Now())
+		time.Sleep(work)
+	}
+	waitFor(t, 20*time.Second, "every message handled", func() bool { return s.handled() == flood+calm })
+	var waits []time.Duration
+	for i, seq := range seqs {
+		waits = append(waits, s.startedAt(seq).Sub(published[i]))
+	}
+	slices.Sort(waits)
+	s.calmSeqs = seqs
+	return waits
 }
 
 func (s *starts) startedAt(seq uint64) time.Time {
@@ -99,20 +124,7 @@ func TestConsumeByKeyFairShares(t *testing.T) {
 		e.publish(t, "jobs.hog", fmt.Sprint(i), nil)
 	}
 	kc := consumeByKey(t, e, h)
-	waitFor(t, 5*time.Second, "the flood started", func() bool { return s.handled() > 0 })
-	var published []time.Time
-	var seqs []uint64
-	for i := range calm {
-		seqs = append(seqs, e.publish(t, "jobs.calm", fmt.Sprint(i), nil))
-		published = append(published, time.Now())
-		time.Sleep(work)
-	}
-	waitFor(t, 20*time.Second, "every message handled", func() bool { return s.handled() == flood+calm })
-	var waits []time.Duration
-	for i, seq := range seqs {
-		waits = append(waits, s.startedAt(seq).Sub(published[i]))
-	}
-	slices.Sort(waits)
+	waits := s.calmBeside(t, e, flood, calm, work)
 	// The flood's backlog behind which a first come, first served
 	// consumer would start them: (flood / 4) × 50 ms = 2.5 s.
 	if w := waits[len(waits)-1]; w > 500*time.Millisecond {

@@ -1,13 +1,59 @@
 package fair
 
-// readyHeap orders the keys with waiting tickets: light keys first, then
+import "container/heap"
+
+// indexed is a heap.Interface over items that know their own index in it
+// (at returns a pointer to it; -1 while out), so that an item can be
+// fixed or removed where it stands.
+type indexed[T any] struct {
+	items []T
+	less  func(a, b T) bool
+	at    func(T) *int
+}
+
+func (h *indexed[T]) Len() int           { return len(h.items) }
+func (h *indexed[T]) Less(i, j int) bool { return h.less(h.items[i], h.items[j]) }
+
+func (h *indexed[T]) Swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	*h.at(h.items[i]), *h.at(h.items[j]) = i, j
+}
+
+func (h *indexed[T]) Push(x any) {
+	t := x.(T)
+	*h.at(t) = len(h.items)
+	h.items = append(h.items, t)
+}
+
+func (h *indexed[T]) Pop() any {
+	n := len(h.items) - 1
+	t := h.items[n]
+	var zero T
+	h.items[n] = zero
+	h.items = h.items[:n]
+	*h.at(t) = -1
+	return t
+}
+
+// top returns the least item; the heap must not be empty.
+func (h *indexed[T]) top() T { return h.items[0] }
+
+// place puts x into h or takes it out, as in says, and keeps it in order.
+func (h *indexed[T]) place(x T, in bool) {
+	i := *h.at(x)
+	switch {
+	case in && i < 0:
+		heap.Push(h, x)
+	case !in && i >= 0:
+		heap.Remove(h, i)
+	case in:
+		heap.Fix(h, i)
+	}
+}
+
+// readyFirst orders the keys with waiting tickets: light keys first, then
 // by virtual time, then by age.
-type readyHeap []*keyState
-
-func (h readyHeap) Len() int { return len(h) }
-
-func (h readyHeap) Less(i, j int) bool {
-	a, b := h[i], h[j]
+func readyFirst(a, b *keyState) bool {
 	if a.light != b.light {
 		return a.light
 	}
@@ -17,71 +63,8 @@ func (h readyHeap) Less(i, j int) bool {
 	return a.seq < b.seq
 }
 
-func (h readyHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].readyIdx, h[j].readyIdx = i, j
-}
+// freedFirst orders blocked keys by the end of their blocks.
+func freedFirst(a, b *keyState) bool { return a.freeAt().Before(b.freeAt()) }
 
-func (h *readyHeap) Push(x any) {
-	k := x.(*keyState)
-	k.readyIdx = len(*h)
-	*h = append(*h, k)
-}
-
-func (h *readyHeap) Pop() any {
-	old := *h
-	k := old[len(old)-1]
-	*h = old[:len(old)-1]
-	k.readyIdx = -1
-	return k
-}
-
-// blockedHeap orders blocked keys by the end of their blocks.
-type blockedHeap []*keyState
-
-func (h blockedHeap) Len() int           { return len(h) }
-func (h blockedHeap) Less(i, j int) bool { return h[i].freeAt().Before(h[j].freeAt()) }
-
-func (h blockedHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].blockedIdx, h[j].blockedIdx = i, j
-}
-
-func (h *blockedHeap) Push(x any) {
-	k := x.(*keyState)
-	k.blockedIdx = len(*h)
-	*h = append(*h, k)
-}
-
-func (h *blockedHeap) Pop() any {
-	old := *h
-	k := old[len(old)-1]
-	*h = old[:len(old)-1]
-	k.blockedIdx = -1
-	return k
-}
-
-// endHeap orders granted tickets by their expected end.
-type endHeap []*Ticket
-
-func (h endHeap) Len() int           { return len(h) }
-func (h endHeap) Less(i, j int) bool { return h[i].end.Before(h[j].end) }
-
-func (h endHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].endIdx, h[j].endIdx = i, j
-}
-
-func (h *endHeap) Push(x any) {
-	t := x.(*Ticket)
-	t.endIdx = len(*h)
-	*h = append(*h, t)
-}
-
-func (h *endHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	*h = old[:len(old)-1]
-	t.endIdx = -1
-	return t
-}
+// endsFirst orders granted tickets by their expected end.
+func endsFirst(a, b *Ticket) bool { return a.end.Before(b.end) }

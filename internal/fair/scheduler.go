@@ -64,11 +64,11 @@ type Scheduler struct {
 	seq        uint64 // order keys were created, for ties
 	running    int
 	queued     int
-	ready      readyHeap   // keys with waiting tickets, not blocked
-	blocked    blockedHeap // keys blocked until a time
-	ends       endHeap     // expected ends of granted tickets
-	vnow       float64     // start tag of the latest grant
-	service    meanTime    // handler time over every key
+	ready      indexed[*keyState] // keys with waiting tickets, not blocked
+	blocked    indexed[*keyState] // keys blocked until a time
+	ends       indexed[*Ticket]   // expected ends of granted tickets
+	vnow       float64            // start tag of the latest grant
+	service    meanTime           // handler time over every key
 	firstGrant time.Time
 	lastHeavy  time.Time
 	lightShare float64 // handlers the light keys need
@@ -95,7 +95,11 @@ func New(cfg Config) (*Scheduler, error) {
 	if cfg.MaxQueued < 0 {
 		return nil, fmt.Errorf("fair: MaxQueued must be >= 0, got %d", cfg.MaxQueued)
 	}
-	s := &Scheduler{handlers: cfg.Handlers, weightFn: cfg.Weight, maxQueued: cfg.MaxQueued, clock: cfg.Clock, keys: map[string]*keyState{}}
+	s := &Scheduler{handlers: cfg.Handlers, weightFn: cfg.Weight, maxQueued: cfg.MaxQueued, clock: cfg.Clock, keys: map[string]*keyState{},
+		ready:   indexed[*keyState]{less: readyFirst, at: func(k *keyState) *int { return &k.readyIdx }},
+		blocked: indexed[*keyState]{less: freedFirst, at: func(k *keyState) *int { return &k.blockedIdx }},
+		ends:    indexed[*Ticket]{less: endsFirst, at: func(t *Ticket) *int { return &t.endIdx }},
+	}
 	if s.maxQueued == 0 {
 		s.maxQueued = 4 * cfg.Handlers
 	}
@@ -347,15 +351,7 @@ func (s *Scheduler) unqueue(t *Ticket) {
 // readyChanged puts k into the ready heap or takes it out, as its queue
 // and block say.
 func (s *Scheduler) readyChanged(k *keyState) {
-	want := len(k.queue) > 0 && !k.blockedNow()
-	switch {
-	case want && k.readyIdx < 0:
-		heap.Push(&s.ready, k)
-	case !want && k.readyIdx >= 0:
-		heap.Remove(&s.ready, k.readyIdx)
-	case want:
-		heap.Fix(&s.ready, k.readyIdx)
-	}
+	s.ready.place(k, len(k.queue) > 0 && !k.blockedNow())
 }
 
 // dispatch grants handlers while the rules allow, and sets the timer for
@@ -367,8 +363,8 @@ func (s *Scheduler) dispatch(now time.Time) {
 	s.unblockDue(now)
 	s.classify(now)
 	var wake time.Time
-	for s.running < s.handlers && len(s.ready) > 0 {
-		k := s.ready[0]
+	for s.running < s.handlers && s.ready.Len() > 0 {
+		k := s.ready.top()
 		if !k.light {
 			if at, hold := s.holdHeavy(now); hold {
 				wake = at
@@ -394,8 +390,8 @@ func (s *Scheduler) dispatch(now time.Time) {
 			s.trim(k, now)
 		}
 	}
-	if len(s.blocked) > 0 {
-		if at := s.blocked[0].freeAt(); wake.IsZero() || at.Before(wake) {
+	if s.blocked.Len() > 0 {
+		if at := s.blocked.top().freeAt(); wake.IsZero() || at.Before(wake) {
 			wake = at
 		}
 	}
@@ -439,13 +435,13 @@ func (s *Scheduler) holdLast(now time.Time) (time.Time, bool) {
 		return time.Time{}, true // no handler has ended: when the next will is unknown
 	}
 	soon := now.Add(seconds(soonEnd * s.service.v / float64(s.handlers)))
-	if len(s.ends) > 0 && !s.ends[0].end.After(soon) {
+	if s.ends.Len() > 0 && !s.ends.top().end.After(soon) {
 		return time.Time{}, false
 	}
-	if len(s.ends) == 0 || !s.service.known() {
+	if s.ends.Len() == 0 || !s.service.known() {
 		return time.Time{}, true // woken by a handler's end
 	}
-	return s.ends[0].end.Add(soon.Sub(now) * -1), true
+	return s.ends.top().end.Add(soon.Sub(now) * -1), true
 }
 
 // keptForLight reports whether every free handler is kept for light keys
@@ -564,22 +560,14 @@ func (s *Scheduler) block(k *keyState, b Block, now time.Time) {
 // blockChanged keeps the blocked heap and the ready heap in step with k's
 // block.
 func (s *Scheduler) blockChanged(k *keyState) {
-	blocked := !k.freeAt().IsZero()
-	switch {
-	case blocked && k.blockedIdx < 0:
-		heap.Push(&s.blocked, k)
-	case !blocked && k.blockedIdx >= 0:
-		heap.Remove(&s.blocked, k.blockedIdx)
-	case blocked:
-		heap.Fix(&s.blocked, k.blockedIdx)
-	}
+	s.blocked.place(k, !k.freeAt().IsZero())
 	s.readyChanged(k)
 }
 
 // unblockDue unblocks the keys whose block has passed.
 func (s *Scheduler) unblockDue(now time.Time) {
-	for len(s.blocked) > 0 && !s.blocked[0].freeAt().After(now) {
-		k := s.blocked[0]
+	for s.blocked.Len() > 0 && !s.blocked.top().freeAt().After(now) {
+		k := s.blocked.top()
 		k.blockedUntil = time.Time{}
 		k.untilDone, k.doneBy = false, time.Time{} // the fallback has passed
 		s.dirty = true
