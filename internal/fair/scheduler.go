@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -73,9 +74,12 @@ type Scheduler struct {
 	lastHeavy  time.Time
 	lightShare float64 // handlers the light keys need
 	classified time.Time
-	dirty      bool        // the active keys changed since the last classification
-	lightNow   bool        // a light key is active
-	keptLight  []time.Time // ends of light handlers kept for light keys, until then
+	dirty      bool          // classify at the next dispatch (the first handler time)
+	period     time.Duration // between classifications: classifyEvery, longer when one takes long
+	wsum       float64       // the active keys' weights, at the last classification
+	level      float64       // handlers per weight of the heavy keys, at the last classification
+	lightNow   bool          // a light key is active
+	keptLight  []time.Time   // ends of light handlers kept for light keys, until then
 	timer      Timer
 	wakeAt     time.Time
 	wakeGen    uint64 // of the pending timer
@@ -200,7 +204,6 @@ func (s *Scheduler) Arrive(key string, a Arrival) *Ticket {
 	}
 	if k.running == 0 && len(k.queue) == 0 {
 		k.vtime = max(k.vtime, s.vnow) // no credit for idleness
-		s.dirty = true
 	}
 	k.lastSeen = now
 	s.enqueue(t, a.Returning)
@@ -239,9 +242,9 @@ func (s *Scheduler) key(name string, now time.Time) *keyState {
 	k := s.keys[name]
 	if k == nil {
 		s.seq++
-		k = &keyState{name: name, seq: s.seq, weight: 1, readyIdx: -1, blockedIdx: -1, lastSeen: now}
+		// A new key has used nothing: it is light until classified.
+		k = &keyState{name: name, seq: s.seq, weight: 1, light: true, readyIdx: -1, blockedIdx: -1, lastSeen: now}
 		s.keys[name] = k
-		s.dirty = true
 	}
 	return k
 }
@@ -253,10 +256,8 @@ func (s *Scheduler) SetBacklog(key string, n int) {
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 	k := s.key(key, now)
-	if (k.backlog > 0) != (n > 0) {
-		s.dirty = true
-	}
 	k.backlog = max(n, 0)
+	s.noteFlood(k, now)
 	if n > 0 {
 		k.lastSeen = now
 	}
@@ -328,9 +329,7 @@ func (s *Scheduler) enqueue(t *Ticket, front bool) {
 	copy(k.queue[i+1:], k.queue[i:])
 	k.queue[i] = t
 	s.queued++
-	if len(k.queue) == 1 || (k.light && float64(len(k.queue)+k.backlog) > k.share) {
-		s.dirty = true // it may no longer be light
-	}
+	s.noteFlood(k, s.clock.Now())
 	s.readyChanged(k)
 }
 
@@ -386,8 +385,8 @@ func (s *Scheduler) dispatch(now time.Time) {
 	if s.retrim {
 		// What still waits, waits: trim it to the new shares.
 		s.retrim = false
-		for _, k := range s.keys {
-			s.trim(k, now)
+		for _, k := range slices.Concat(s.ready.items, s.blocked.items) {
+			s.trim(k, now) // the keys with waiting tickets
 		}
 	}
 	if s.blocked.Len() > 0 {
@@ -480,9 +479,6 @@ func (s *Scheduler) grant(k *keyState, now time.Time) {
 	k.vtime += t.charged
 	t.end = now.Add(seconds(s.expectedService(k)))
 	heap.Push(&s.ends, t)
-	if len(k.queue) == 0 {
-		s.dirty = true
-	}
 	s.readyChanged(k)
 	close(t.granted)
 	if s.onGrant != nil {
@@ -520,9 +516,6 @@ func (s *Scheduler) release(t *Ticket, now time.Time, ran bool) {
 		k.vtime -= t.charged
 	}
 	k.lastSeen = now
-	if k.running == 0 {
-		s.dirty = true
-	}
 	s.readyChanged(k)
 }
 
@@ -553,7 +546,6 @@ func (s *Scheduler) block(k *keyState, b Block, now time.Time) {
 	case b.Until.After(now) && b.Until.After(k.blockedUntil):
 		k.blockedUntil = b.Until // no handler of k ends here: only the time
 	}
-	s.dirty = true
 	s.blockChanged(k)
 }
 
@@ -570,7 +562,6 @@ func (s *Scheduler) unblockDue(now time.Time) {
 		k := s.blocked.top()
 		k.blockedUntil = time.Time{}
 		k.untilDone, k.doneBy = false, time.Time{} // the fallback has passed
-		s.dirty = true
 		s.blockChanged(k)
 	}
 }

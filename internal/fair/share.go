@@ -37,15 +37,37 @@ func (k *keyState) waiting(now time.Time) float64 {
 // so far.
 const floodFactor = 4
 
+// flooded reports whether w messages of k waiting are a flood (see
+// floodFactor; at least that many, whatever its part), with wsum the
+// active keys' weights.
+func (s *Scheduler) flooded(k *keyState, w, wsum float64) bool {
+	return w > floodFactor*max(1, float64(s.handlers)*k.weight/max(wsum, k.weight))
+}
+
+// noteFlood makes a light key heavy at once when a flood of its messages
+// waits, between classifications.
+func (s *Scheduler) noteFlood(k *keyState, now time.Time) {
+	if !k.light || !s.flooded(k, k.waiting(now), s.wsum) {
+		return
+	}
+	k.light, k.share = false, s.level*k.weight
+	s.retrim = true
+	s.readyChanged(k)
+}
+
 // classify splits the active keys into light and heavy by max-min fair
 // (water-filling) shares of the handlers, when the last split is stale,
 // and drops the state of keys idle for dropAfter.
 func (s *Scheduler) classify(now time.Time) {
-	if !s.dirty && now.Sub(s.classified) < classifyEvery {
+	if !s.dirty && now.Sub(s.classified) < max(s.period, classifyEvery) {
 		return
 	}
 	s.dirty = false
 	s.classified = now
+	// A classification costs O(keys log keys): space them to 50 times
+	// what the last one took, so that many keys cost a bounded share.
+	began := time.Now()
+	defer func() { s.period = 50 * time.Since(began) }()
 	type active struct {
 		k *keyState
 		d float64
@@ -65,12 +87,13 @@ func (s *Scheduler) classify(now time.Time) {
 		keys = append(keys, active{k, d})
 		wsum += k.weight
 	}
+	wsum0 := wsum
 	// A key's demand is what it uses, measured over about a second (a few
 	// messages waiting for a moment are what a key under its share looks
 	// like), unless a flood of them waits.
 	for i := range keys {
 		k := keys[i].k
-		if w := k.waiting(now); w > 1 && w > floodFactor*float64(s.handlers)*k.weight/wsum {
+		if s.flooded(k, k.waiting(now), wsum) {
 			keys[i].d = math.Inf(1)
 		}
 	}
@@ -100,6 +123,10 @@ func (s *Scheduler) classify(now time.Time) {
 		if a.k.running > 0 || len(a.k.queue) > 0 || now.Sub(a.k.lastSeen) < activeFor {
 			s.lightNow = true
 		}
+	}
+	s.wsum, s.level = wsum0, float64(s.handlers)/max(wsum0, 1e-9)
+	if wsum > 0 {
+		s.level = left / wsum
 	}
 	for _, a := range keys[i:] {
 		a.k.light, a.k.share = false, left/wsum*a.k.weight
@@ -215,7 +242,6 @@ func (s *Scheduler) deferral(k *keyState, now time.Time, wait time.Duration) tim
 	}
 	k.cursor = slot.Add(seconds(1 / r))
 	k.pace = r
-	s.dirty = true
 	return slot.Sub(now)
 }
 
