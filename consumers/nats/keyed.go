@@ -23,8 +23,8 @@ import (
 const (
 	// DiscoverInterval is how often a KeyedConsumer lists the stream's
 	// subjects for new keys: about the longest the first message of a new
-	// key waits to be seen. A listing that takes long (many subjects)
-	// spaces the next ones to 50 times its own time.
+	// key waits to be seen. A stream with many subjects spaces the
+	// listings to 10 µs per subject.
 	DiscoverInterval = 20 * time.Millisecond
 	// fetchWait bounds one pull request of a key with nothing to deliver.
 	fetchWait = 5 * time.Second
@@ -251,28 +251,30 @@ func (kc *KeyedConsumer) report(err error) {
 	}
 }
 
-// discover lists the keys now and then every DiscoverInterval, or 50
-// times as long as the last listing took, until Stop.
+// discover lists the keys now and then every DiscoverInterval, or every
+// 10 µs per subject listed if that is longer, until Stop.
 func (kc *KeyedConsumer) discover() {
 	defer kc.wg.Done()
 	for {
-		start := time.Now()
-		kc.listKeys()
-		if !sleep(kc.ctx, max(DiscoverInterval, 50*time.Since(start))) {
+		n := kc.listKeys()
+		if !sleep(kc.ctx, max(DiscoverInterval, time.Duration(n)*listPerSubject)) {
 			return
 		}
 	}
 }
 
+// listPerSubject spaces the listings of a stream with many subjects.
+const listPerSubject = 10 * time.Microsecond
+
 // listKeys starts a puller for every key of the stream's subjects not seen
-// before.
-func (kc *KeyedConsumer) listKeys() {
+// before, and returns how many subjects it listed.
+func (kc *KeyedConsumer) listKeys() int {
 	ctx, cancel := context.WithTimeout(kc.ctx, apiTimeout)
 	defer cancel()
 	info, err := kc.stream.Info(ctx, jetstream.WithSubjectFilter(kc.cfg.FilterSubject))
 	if err != nil {
 		kc.report(fmt.Errorf("list the subjects of %s: %w", kc.cfg.FilterSubject, err))
-		return
+		return 0
 	}
 	for subject := range info.State.Subjects {
 		tokens := strings.Split(subject, ".")
@@ -280,6 +282,7 @@ func (kc *KeyedConsumer) listKeys() {
 			kc.add(tokens[kc.keyAt])
 		}
 	}
+	return len(info.State.Subjects)
 }
 
 // add starts the puller of key, unless it runs already.
