@@ -260,6 +260,15 @@ func (h *handler) recall() {
 	r.mu.Unlock()
 	go func() {
 		for _, t := range picked {
+			// Only a task still deferred (not back in the middleware)
+			// and still in the retry set: asynq's RunTask also moves a
+			// completed task, kept for its retention, back to pending.
+			if !h.deferredIDs.Contains(t.id) {
+				continue
+			}
+			if info, err := r.inspector.GetTaskInfo(t.queue, t.id); err != nil || info.State != asynq.TaskStateRetry {
+				continue
+			}
 			_ = r.inspector.RunTask(t.queue, t.id)
 		}
 		r.mu.Lock()

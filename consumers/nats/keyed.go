@@ -2,6 +2,8 @@ package natsthrottle
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -304,10 +306,26 @@ func (kc *KeyedConsumer) add(key string) {
 	go kc.pull(p)
 }
 
+// maxConsumerName is the longest consumer name the server takes.
+const maxConsumerName = 255
+
 // keyConsumerName is base + "_" + key, key escaped to letters, digits and
 // "-" ("_" as "__", any other byte as "_" and two hex digits), so that two
-// keys never share a consumer.
+// keys never share a consumer. A name that would be longer than the
+// server allows keeps the first 100 bytes of the escaped key and a
+// SHA-256 of the whole key ("_h" and 32 hex digits).
 func keyConsumerName(base, key string) string {
+	name := escapedName(base, key)
+	if len(name) <= maxConsumerName {
+		return name
+	}
+	sum := sha256.Sum256([]byte(key))
+	short := escapedName(base, key)[:min(len(base)+1+100, maxConsumerName-34)]
+	return short + "_h" + hex.EncodeToString(sum[:16])
+}
+
+// escapedName is base + "_" + key escaped (see keyConsumerName).
+func escapedName(base, key string) string {
 	var b strings.Builder
 	b.WriteString(base)
 	b.WriteByte('_')
@@ -418,7 +436,7 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
 		if v.run {
 			break
 		}
-		if !kc.pause(ctx, span, r, v.retry, beat) {
+		if !kc.pause(ctx, span, r, claimIn(v), beat) {
 			beat.Stop()
 			done()
 			return
@@ -457,6 +475,26 @@ func (kc *KeyedConsumer) await(ctx context.Context, span trace.Span, r *request,
 			return
 		}
 	}
+}
+
+// claimSlack is how long before a reserved slot its claim may come, the
+// last millisecond asked again in steps of it.
+const claimSlack = 250 * time.Microsecond
+
+// claimIn is how long a message refused as v waits before it asks again.
+// A retry-after is rounded up to a whole millisecond, so a reserved slot
+// is up to a millisecond sooner: a claim is made then, and the last
+// millisecond is asked again every claimSlack. A claim is admitted at the
+// instant it is made, so a key that sends at its rate would otherwise
+// start that much later with every claim, for good.
+func claimIn(v verdict) time.Duration {
+	switch {
+	case !v.reserved:
+		return v.retry
+	case v.retry <= time.Millisecond:
+		return claimSlack
+	}
+	return v.retry - time.Millisecond + claimSlack
 }
 
 // pause keeps r here for d, sending InProgress with beat, and reports

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -299,12 +300,16 @@ func TestConsumeByKeyValidates(t *testing.T) {
 
 func TestKeyConsumerName(t *testing.T) {
 	seen := map[string]string{}
-	for _, key := range []string{"acme", "a_b", "a__b", "a-b", "a/b", "é", "a_2fb", "A"} {
+	long := strings.Repeat("é", 64) // 128 bytes, 384 escaped
+	for _, key := range []string{"acme", "a_b", "a__b", "a-b", "a/b", "é", "a_2fb", "A", long, long[:126] + "e", strings.Repeat("_", 125)} {
 		name := keyConsumerName("work", key)
 		if other, dup := seen[name]; dup {
 			t.Errorf("keys %q and %q share the consumer name %q", key, other, name)
 		}
 		seen[name] = key
+		if len(name) > maxConsumerName {
+			t.Errorf("consumer name of key %q is %d bytes, more than %d", key, len(name), maxConsumerName)
+		}
 		for _, c := range name[len("work_"):] {
 			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
 				t.Errorf("consumer name %q of key %q holds %q", name, key, c)

@@ -116,12 +116,17 @@ func startAsynq(ctx context.Context, cfg config, queue string, tenants []string,
 	if err != nil {
 		return nil, err
 	}
+	// cfg.Handlers run the job at once: with fair shares
+	// (asynqthrottle.WithHandlers) the rest of asynq's workers are room
+	// for the tasks that wait in the handler for one, or for a reserved
+	// slot at most DelayedTaskCheckInterval + 1 s ahead; first come, first
+	// served, asynq's workers are the handlers.
+	concurrency := cfg.Handlers
+	if cfg.Fair {
+		concurrency = max(300, 5*cfg.Handlers)
+	}
 	scfg := asynq.Config{
-		// cfg.Handlers run the job at once (asynqthrottle.WithHandlers);
-		// the rest of asynq's workers are room for the tasks that wait in
-		// the handler for one, or for a reserved slot at most
-		// DelayedTaskCheckInterval + 1 s ahead.
-		Concurrency: max(300, 5*cfg.Handlers),
+		Concurrency: concurrency,
 		Queues:      weights,
 		// Throttling is not a failure: the retry count stays, and the
 		// task is neither counted as failed nor archived. (Compose your

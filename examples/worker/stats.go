@@ -410,6 +410,8 @@ type report struct {
 	MostRejections int      // most rejections of one job
 
 	Asynq *report // the asynq consumer, with -redis
+	// natsConsumers names the JetStream consumers, for the summary.
+	natsConsumers string
 
 	timeline timeline // the run over time, for the sparklines and -plot
 }
@@ -568,7 +570,7 @@ func (rep report) print(w io.Writer) {
 	if rep.Asynq == nil {
 		rep.printTable(w, "")
 	} else {
-		rep.printTable(w, "NATS JetStream, consumer "+durableName+":")
+		rep.printTable(w, "NATS JetStream, "+rep.natsConsumers+":")
 		rep.Asynq.printTable(w, "asynq, "+queueNames(rep.Asynq.Queues)+":")
 	}
 	fmt.Fprintln(w, rep.verdict())

@@ -263,6 +263,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	rep.Deliveries = deliveries
 	rep.InFlight = cfg.InFlight
 	rep.timeline.Handlers = cfg.Handlers
+	rep.natsConsumers = consumersName(cfg.Fair)
 	if hs, ok := lim.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}
@@ -1048,6 +1049,14 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// consumersName names the JetStream consumers of a run.
+func consumersName(fair bool) string {
+	if fair {
+		return "consumers " + durableName + "_<tenant>"
+	}
+	return "consumer " + durableName
 }
 
 // consumerInfo returns a line on the deliveries of the stream's consumers

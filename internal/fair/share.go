@@ -32,6 +32,10 @@ func (k *keyState) waiting(now time.Time) float64 {
 	return w
 }
 
+// keyAhead is how many waiting messages a key under its share may show
+// (natsthrottle's ConsumeByKey pulls up to 2 ahead).
+const keyAhead = 2
+
 // floodFactor: a key with more than this many times its part of the
 // handlers waiting needs more than any share (a flood), whatever it used
 // so far.
@@ -88,13 +92,17 @@ func (s *Scheduler) classify(now time.Time) {
 		wsum += k.weight
 	}
 	wsum0 := wsum
-	// A key's demand is what it uses, measured over about a second (a few
-	// messages waiting for a moment are what a key under its share looks
-	// like), unless a flood of them waits.
+	// A key's demand is what it uses, measured over about a second, or
+	// what it has waiting but for a couple if that is more (a message or
+	// two waiting for a moment are what a key under its share looks like),
+	// or no share at all when a flood of them waits.
 	for i := range keys {
 		k := keys[i].k
-		if s.flooded(k, k.waiting(now), wsum) {
+		w := k.waiting(now)
+		if s.flooded(k, w, wsum) {
 			keys[i].d = math.Inf(1)
+		} else {
+			keys[i].d = max(keys[i].d, w-keyAhead) // but for a couple, they would all run at once
 		}
 	}
 	slices.SortFunc(keys, func(a, b active) int {
@@ -179,7 +187,7 @@ func (s *Scheduler) trim(k *keyState, now time.Time) {
 	if !s.service.known() || len(k.queue) == 0 || (k.light && !k.blockedNow()) {
 		return
 	}
-	bound := int(math.Ceil(max(2, 2*k.share)))
+	bound := queueBound(k)
 	cut := len(k.queue)
 	for cut > 0 {
 		t := k.queue[cut-1]
@@ -197,22 +205,34 @@ func (s *Scheduler) trim(k *keyState, now time.Time) {
 	}
 }
 
-// trimLongest defers the last deferrable waiting ticket of the heavy (or
-// blocked) key with the most waiting, once handler times are known: MaxQueued is exceeded.
+// trimLongest defers the last deferrable waiting ticket of the heavy key
+// (not blocked) furthest over its own bound (see trim), once handler times
+// are known: MaxQueued is exceeded. A key within its bound keeps its
+// tickets: what overfills the queue then is messages back from a
+// deferral, which wait whatever the bounds.
 func (s *Scheduler) trimLongest(now time.Time) {
 	if !s.service.known() {
 		return
 	}
-	var longest *keyState
-	for _, k := range s.keys {
-		if n := len(k.queue); n > 0 && (!k.light || k.blockedNow()) && k.queue[n-1].maxWait > 0 && (longest == nil || n > len(longest.queue)) {
-			longest = k
+	var worst *keyState
+	over := 0
+	for _, k := range s.ready.items {
+		n := len(k.queue)
+		if (k.light && !k.blockedNow()) || k.queue[n-1].maxWait <= 0 {
+			continue
+		}
+		if o := n - queueBound(k); o > over {
+			worst, over = k, o
 		}
 	}
-	if longest != nil {
-		s.evict(longest.queue[len(longest.queue)-1:], now)
+	if worst != nil {
+		s.evict(worst.queue[len(worst.queue)-1:], now)
 	}
 }
+
+// queueBound is how many tickets of k may wait: twice its share, at
+// least 2.
+func queueBound(k *keyState) int { return int(math.Ceil(max(2, 2*k.share))) }
 
 // evict defers the waiting tickets ts of one key, in their order: each
 // gets the next slot of its key's share (see deferral).
