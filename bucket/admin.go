@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
@@ -23,7 +24,7 @@ import (
 func (l *Local) Peek(_ context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	p := &lim.p
 	if n < 1 || n > p.burst {
@@ -80,7 +81,7 @@ var (
 func (l *Redis) Peek(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	p := &lim.p
 	if n < 1 || n > p.burst {

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -347,7 +348,7 @@ func (h *Hybrid) Allow(ctx context.Context, key string) (throttle.Decision, erro
 func (h *Hybrid) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := h.redis.lims.of(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)

@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -26,7 +27,7 @@ import (
 func (h *Hybrid) Peek(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := h.redis.lims.of(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -31,7 +32,7 @@ func (h *Hybrid) Pause(ctx context.Context, key string, d time.Duration) error {
 		return ErrHybridClosed
 	}
 	lim, err := h.redis.lims.of(key)
-	if err != nil {
+	if err != nil && !blocked.Is(err) { // a blocked key pauses under the limiter's own limits
 		return err
 	}
 	s, e := h.lock(key, lim)

@@ -175,6 +175,37 @@ func TestHybridBasics(t *testing.T) {
 	require.ErrorIs(t, err, ErrHybridClosed)
 }
 
+// TestHybridBlockedQuota: a blocked key is rejected by the Hybrid too, in
+// AllowN and Peek, with the quota's period as retry-after and nothing
+// leased; the other keys go on.
+func TestHybridBlockedQuota(t *testing.T) {
+	c := redistest.Shared(t).Client(t)
+	quotas := func(key string) throttle.Quota {
+		if key == "off" {
+			return throttle.Blocked(300 * time.Millisecond)
+		}
+		return throttle.Quota{}
+	}
+	h := newTestHybrid(t, c, throttle.PerSecond(10), 10, WithQuotas(quotas), WithLocalShare(2, 1))
+	ctx := context.Background()
+	for range 20 {
+		d, err := h.AllowN(ctx, "off", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+		require.Equal(t, 300*time.Millisecond, d.RetryAfter)
+		d, err = h.Peek(ctx, "off", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+	}
+	stock, inFlight := hybridStock(h, "off")
+	assert.Zero(t, stock)
+	assert.False(t, inFlight, "nothing leased for a blocked key")
+	require.NoError(t, h.Pause(ctx, "off", time.Second), "a blocked key can still be paused")
+	d, err := h.AllowN(ctx, "on", 10)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+}
+
 // TestHybridLeaseSizing checks the lease cap and the refresh jitter.
 func TestHybridLeaseSizing(t *testing.T) {
 	c := redistest.Shared(t).Client(t)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -167,7 +168,7 @@ func (l *Local) Allow(ctx context.Context, key string) (throttle.Decision, error
 func (l *Local) AllowN(_ context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -40,7 +41,7 @@ import (
 func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)

@@ -1,11 +1,11 @@
 package bucket
 
 import (
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -32,10 +32,14 @@ import (
 // the quota of its last decision; a key whose quota grew meanwhile comes
 // back full at the new burst.
 //
-// A quota that is not a valid bucket (Rate.Count < 1, Rate.Per <= 0,
-// Burst < 0, or Burst × Per beyond 2^53 µs) makes the decision an error
-// wrapping throttle.ErrInvalidOption that names the key, which a
-// throttle.Gate treats as a store failure. A cost above the key's burst is
+// A blocked quota (throttle.Blocked, "0/1s") makes every decision and Peek
+// of the key a rejection with the quota's period as RetryAfter, taking
+// and reserving nothing; a Refund for it gives back nothing. A quota that
+// is not a valid bucket (Rate.Count < 0, Rate.Per <= 0, Burst < 0, or
+// Burst × Per beyond 2^53 µs) makes the decision an error wrapping
+// throttle.ErrInvalidQuota and throttle.ErrInvalidOption that names the
+// key, which a throttle.Gate decides with its quota failure policy
+// (FailClosed unless chosen). A cost above the key's burst is
 // an error wrapping throttle.ErrInvalidCost, as for the limiter's own.
 func WithQuotas(f throttle.QuotaFunc) Option {
 	return optionFunc(func(cfg *config) error {
@@ -121,6 +125,9 @@ func (q *quotaSet) lookup(key string) (*keyLimits, error) {
 	if quota.IsZero() {
 		return q.def, nil
 	}
+	if quota.IsBlocked() {
+		return q.def, blocked.Check("bucket", key, quota, nil)
+	}
 	if quota.Burst == 0 {
 		quota.Burst = quota.Rate.Count
 	}
@@ -137,7 +144,7 @@ func (q *quotaSet) lookup(key string) (*keyLimits, error) {
 	}
 	kl, err := newKeyLimits(quota.Rate, quota.Burst)
 	if err != nil {
-		return nil, fmt.Errorf("bucket: quota of key %q: %w", key, err)
+		return nil, blocked.Invalid("bucket", key, err)
 	}
 	if q.n.Load() < maxCachedQuotas {
 		if v, loaded := q.cache.LoadOrStore(quota, kl); loaded {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
@@ -182,7 +183,7 @@ func (l *Redis) Allow(ctx context.Context, key string) (throttle.Decision, error
 func (l *Redis) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	if n < 1 || n > lim.p.burst {
 		return throttle.Decision{}, throttle.CheckCost(n, lim.p.burst)

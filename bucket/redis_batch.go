@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
@@ -68,23 +69,34 @@ func (l *Redis) takeReq(key string, lim *keyLimits, min, max int) takeReq {
 // throttle.ErrInvalidOption (a bad quota); Redis errors are wrapped as
 // "bucket: redis: ...".
 func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]throttle.Decision, error) {
-	rs := make([]takeReq, len(reqs))
+	rs := make([]takeReq, 0, len(reqs))
+	var held map[int]throttle.Decision // the requests of blocked keys, decided here
 	for i, q := range reqs {
 		lim, err := l.lims.of(q.Key)
+		if d, ok := blocked.Decision(err, throttle.SourceLocal); ok {
+			if held == nil {
+				held = map[int]throttle.Decision{}
+			}
+			held[i] = d
+			continue
+		}
 		if err == nil && (q.N < 1 || q.N > lim.p.burst) {
 			err = throttle.CheckCost(q.N, lim.p.burst)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reqs[%d]: %w", i, err)
 		}
-		rs[i] = l.takeReq(q.Key, lim, q.N, q.N)
+		rs = append(rs, l.takeReq(q.Key, lim, q.N, q.N))
 	}
 	ts, errs := l.batch.DoAll(ctx, rs)
-	ds := make([]throttle.Decision, len(reqs))
+	ds := make([]throttle.Decision, len(rs))
 	for i, t := range ts {
 		if errs == nil || errs[i] == nil {
-			ds[i] = allowDecision(rs[i].lim, reqs[i].N, t)
+			ds[i] = allowDecision(rs[i].lim, rs[i].min, t)
 		}
+	}
+	if held != nil {
+		ds, errs = blocked.Merge(held, ds, errs)
 	}
 	return ds, throttle.NewBatchError(errs)
 }

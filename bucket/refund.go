@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
@@ -23,6 +24,9 @@ import (
 // throttle.ErrInvalidCost, for n < 1 or n > burst. ctx is unused.
 func (l *Local) Refund(_ context.Context, key string, n int, id string) (bool, error) {
 	lim, err := l.lims.of(key)
+	if blocked.Is(err) {
+		return false, nil // a blocked key holds nothing to give back under its quota
+	}
 	if err != nil {
 		return false, err
 	}
@@ -70,6 +74,9 @@ var (
 // may still be taken (refunding again is safe).
 func (l *Redis) Refund(ctx context.Context, key string, n int, id string) (bool, error) {
 	lim, err := l.lims.of(key)
+	if blocked.Is(err) {
+		return false, nil // a blocked key holds nothing to give back under its quota
+	}
 	if err != nil {
 		return false, err
 	}

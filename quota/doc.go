@@ -7,14 +7,19 @@
 // reads it:
 //
 //	redis-cli HSET throttle:quotas acme "50/1s burst 100" small-co 5/1s
-//	redis-cli HDEL throttle:quotas small-co   # back to the limiter's own limit
+//	redis-cli HSET throttle:quotas spammer 0/1s  # blocked: every request rejected
+//	redis-cli HDEL throttle:quotas small-co      # back to the limiter's own limit
 //
 // Every process reads the whole hash every 250 ms (WithRefresh; one
 // HGETALL) and answers the QuotaFunc from memory, so a change reaches
 // every worker within about a quarter of a second and a decision costs no
-// extra round trip. While Redis cannot be read the last quotas stay in
-// force; read failures and bad values (skipped, naming the field) are
-// reported through WithErrorHandler and WithLogger.
+// extra round trip.
+//
+// Nothing lifts a limit by accident: a bad value keeps the key's last
+// good quota, a hash that vanishes (FLUSHALL) keeps every quota last read
+// until it is written again, and while Redis cannot be read the last
+// quotas stay in force; all three are reported through WithErrorHandler
+// and WithLogger (see RedisHash).
 //
 // What a change does to a key's state is the limiter's rule: a window
 // judges its log against the new limit (a smaller one never admits over

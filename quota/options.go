@@ -57,8 +57,9 @@ func WithTimeout(d time.Duration) Option {
 
 // WithErrorHandler makes f receive the errors of the background refresh:
 // a failed read (wrapping the Redis error; at most one per 5 s while
-// reads keep failing) and a field whose value is not a quota (a
-// *FieldError, once per bad value). f runs on the goroutine that read the
+// reads keep failing), a field whose value is not a quota (a
+// *FieldError, once per bad value) and a hash that reads empty after it
+// had fields (a *LostError, once per loss). f runs on the goroutine that read the
 // hash, under the RedisHash's lock: it should return quickly and must not
 // call Set, Delete or Refresh. Nil, the default, means none.
 func WithErrorHandler(f func(error)) Option {

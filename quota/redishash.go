@@ -24,17 +24,41 @@ type Client interface {
 	HDel(ctx context.Context, key string, fields ...string) *redis.IntCmd
 }
 
-// FieldError is a field of the hash whose value is not a quota. The field
-// is skipped: its key gets the limiter's own limit until the value is
+// FieldError is a field of the hash whose value is not a quota. Its key
+// keeps the last good quota this RedisHash read for it (Kept), or, for a
+// key never seen valid, gets the limiter's own limit, until the value is
 // fixed.
 type FieldError struct {
 	Hash, Field, Value string
-	Err                error // wraps throttle.ErrInvalidOption
+	Kept               throttle.Quota // the quota kept in force; zero: the limiter's own limit
+	Err                error          // wraps throttle.ErrInvalidOption
 }
 
 func (e *FieldError) Error() string {
-	return fmt.Sprintf("quota: hash %q, field %q: value %q: %v", e.Hash, e.Field, e.Value, e.Err)
+	kept := "the limiter's own limit"
+	if !e.Kept.IsZero() {
+		kept = fmt.Sprintf("the last good quota %q", e.Kept.String())
+	}
+	return fmt.Sprintf("quota: hash %q, field %q: value %q: %v (keeping %s)", e.Hash, e.Field, e.Value, e.Err, kept)
 }
+
+// LostError reports that the hash, once read with fields, now reads empty
+// (FLUSHALL, a restart without its data, a failover to a replica that
+// lacks it): a lost hash is not an empty one, so every quota last read
+// stays in force until the hash is written again.
+type LostError struct {
+	Hash string
+	Kept int // quotas kept in force
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("quota: hash %q is gone (flushed, or Redis lost its data): keeping the %d quotas last read until it is written again", e.Hash, e.Kept)
+}
+
+// Marker is the field that Set and Delete keep in the hash, so that a
+// hash emptied on purpose (every quota deleted) is told from a lost one.
+// It is not a quota and is never read as one.
+const Marker = "(queuethrottle quotas)"
 
 func (e *FieldError) Unwrap() error { return e.Err }
 
@@ -55,10 +79,21 @@ const failReportEvery = 5 * time.Second
 // memory: a decision costs no extra round trip. A key without a field
 // gets the zero Quota, that is the limiter's own limit.
 //
-// While Redis cannot be read, the last quotas read stay in force; the
-// failures go to WithErrorHandler and WithLogger. A field whose value is
-// not a quota is skipped (its key gets the limiter's own limit) and
-// reported as a *FieldError naming the field, once per bad value.
+// A value of 0 ("0/1s") blocks the key: its quota is throttle.Blocked with
+// the refresh interval as RetryAfter, so every decision of the key is a
+// rejection (nothing charged, no failure policy) and a message comes back
+// about when an unblocking edit can have been read.
+//
+// Nothing Redis loses or a typo writes lifts a limit. While Redis cannot
+// be read, the last quotas read stay in force. A field whose value is not
+// a quota keeps its key's last good quota (the limiter's own limit for a
+// key never seen valid), reported as a *FieldError naming the field and
+// value, once per bad value. A hash that reads empty after it was read
+// with fields is taken as lost, not emptied: every quota last read stays
+// until the hash is written again, reported once as a *LostError. To
+// empty it on purpose, Delete its fields (Delete and Set keep the Marker
+// field in it), or leave any field of your own in it. Failures go to
+// WithErrorHandler and WithLogger.
 //
 // A RedisHash is safe for concurrent use. Close stops its refresh; the
 // zero RedisHash is not usable, call NewRedisHash.
@@ -72,6 +107,7 @@ type RedisHash struct {
 	mu       sync.Mutex        // guards the fields below (the refresh state)
 	raw      map[string]string // the hash as last read
 	bad      map[string]string // fields reported bad, with their value
+	lost     bool              // the hash read empty after it had fields (reported)
 	failedAt time.Time         // last failed read reported
 
 	stop chan struct{}
@@ -125,34 +161,42 @@ func (h *RedisHash) Quota(key string) throttle.Quota { return (*h.quotas.Load())
 // Quotas returns a copy of every quota as last read.
 func (h *RedisHash) Quotas() map[string]throttle.Quota { return maps.Clone(*h.quotas.Load()) }
 
-// Set stores key's quota in the hash (HSET), for every process, and in
-// this process at once. The zero Quota deletes the field, as Delete.
+// Set stores key's quota in the hash (HSET, with the Marker field), for
+// every process, and in this process at once. The zero Quota deletes the
+// field, as Delete; throttle.Blocked blocks the key (stored as "0/PER").
 // Errors: one wrapping throttle.ErrInvalidOption for a quota that is not
-// a valid Rate or has a negative Burst, before any Redis call; otherwise a
-// Redis or context error, wrapped as "quota: redis: ...".
+// valid (throttle.Quota.Validate) or for the key Marker, before any Redis
+// call; otherwise a Redis or context error, wrapped as "quota: redis: ...".
 func (h *RedisHash) Set(ctx context.Context, key string, q throttle.Quota) error {
 	if q.IsZero() {
 		return h.Delete(ctx, key)
 	}
-	if err := q.Rate.Validate(); err != nil {
+	if err := q.Validate(); err != nil {
 		return err
 	}
-	if q.Burst < 0 {
-		return &throttle.OptionError{Field: "Quota.Burst", Reason: fmt.Sprintf("must be >= 0, got %d", q.Burst)}
+	if key == Marker {
+		return &throttle.OptionError{Field: "key", Reason: fmt.Sprintf("%q is the hash's marker field", Marker)}
 	}
 	v := q.String()
-	if err := h.client.HSet(ctx, h.key, key, v).Err(); err != nil {
+	if err := h.client.HSet(ctx, h.key, key, v, Marker, "1").Err(); err != nil {
 		return fmt.Errorf("quota: redis: %w", err)
 	}
 	h.apply(func(raw map[string]string) { raw[key] = v })
 	return nil
 }
 
-// Delete removes key's field (HDEL): the key gets the limiter's own limit,
-// in every process, and in this one at once. Deleting a missing field is
-// not an error. Errors are Redis or context errors, wrapped as "quota:
-// redis: ...".
+// Delete removes key's field (HDEL, after writing the Marker field, so
+// that the hash stays and reads emptied, not lost): the key gets the
+// limiter's own limit, in every process, and in this one at once. Deleting
+// a missing field is not an error. Errors are Redis or context errors,
+// wrapped as "quota: redis: ...".
 func (h *RedisHash) Delete(ctx context.Context, key string) error {
+	if key == Marker {
+		return &throttle.OptionError{Field: "key", Reason: fmt.Sprintf("%q is the hash's marker field", Marker)}
+	}
+	if err := h.client.HSet(ctx, h.key, Marker, "1").Err(); err != nil {
+		return fmt.Errorf("quota: redis: %w", err)
+	}
 	if err := h.client.HDel(ctx, h.key, key).Err(); err != nil {
 		return fmt.Errorf("quota: redis: %w", err)
 	}
@@ -174,6 +218,14 @@ func (h *RedisHash) Refresh(ctx context.Context) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if len(raw) == 0 && len(h.raw) > 0 {
+		if !h.lost {
+			h.lost = true
+			h.report(&LostError{Hash: h.key, Kept: len(*h.quotas.Load())})
+		}
+		return nil
+	}
+	h.lost = false
 	if !maps.Equal(raw, h.raw) {
 		h.install(raw)
 	}
@@ -193,17 +245,28 @@ func (h *RedisHash) apply(f func(raw map[string]string)) {
 }
 
 // install parses raw and puts it in force, reporting each bad value once.
-// The caller holds h.mu.
+// A bad value keeps its key's quota in force. The caller holds h.mu.
 func (h *RedisHash) install(raw map[string]string) {
+	old := *h.quotas.Load()
 	quotas := make(map[string]throttle.Quota, len(raw))
 	for field, v := range raw {
+		if field == Marker {
+			continue
+		}
 		q, err := throttle.ParseQuota(v)
 		if err != nil {
+			kept, ok := old[field]
+			if ok {
+				quotas[field] = kept
+			}
 			if h.bad[field] != v {
 				h.bad[field] = v
-				h.report(&FieldError{Hash: h.key, Field: field, Value: v, Err: err})
+				h.report(&FieldError{Hash: h.key, Field: field, Value: v, Kept: kept, Err: err})
 			}
 			continue
+		}
+		if q.IsBlocked() {
+			q = throttle.Blocked(h.cfg.refresh)
 		}
 		delete(h.bad, field)
 		quotas[field] = q

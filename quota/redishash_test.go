@@ -78,6 +78,9 @@ func TestRedisHashSeenWithinASecond(t *testing.T) {
 			time.Second, 5*time.Millisecond, "change %d not seen within 1 s", i)
 		t.Logf("HSET gold %q seen by both in %v", v, time.Since(start).Round(time.Millisecond))
 	}
+	// The last field deleted from redis-cli: with the marker left in, the
+	// hash reads emptied, not lost (see TestRedisHashLost).
+	require.NoError(t, admin.HSet(ctx, key, quota.Marker, "1").Err())
 	require.NoError(t, admin.HDel(ctx, key, "gold").Err())
 	require.Eventually(t, func() bool { return a.Quota("gold").IsZero() && b.Quota("gold").IsZero() }, time.Second, 5*time.Millisecond)
 
@@ -90,7 +93,7 @@ func TestRedisHashSeenWithinASecond(t *testing.T) {
 	assert.Equal(t, map[string]throttle.Quota{"silver": q}, b.Quotas())
 	require.NoError(t, a.Delete(ctx, "silver"))
 	assert.True(t, a.Quota("silver").IsZero())
-	require.ErrorIs(t, a.Set(ctx, "x", throttle.Quota{Rate: throttle.Rate{Count: 0, Per: time.Second}}), throttle.ErrInvalidOption)
+	require.ErrorIs(t, a.Set(ctx, "x", throttle.Quota{Rate: throttle.Rate{Count: -1, Per: time.Second}}), throttle.ErrInvalidOption)
 	require.ErrorIs(t, a.Set(ctx, "x", throttle.Quota{Rate: throttle.PerSecond(1), Burst: -1}), throttle.ErrInvalidOption)
 }
 
@@ -132,6 +135,108 @@ func TestRedisHashBadValues(t *testing.T) {
 	mu.Lock()
 	assert.Len(t, errs, 2, "a new bad value is reported again")
 	mu.Unlock()
+
+	// A typo in a key that had a good quota keeps it: never the default.
+	require.NoError(t, admin.HSet(ctx, key, "bad", "3/1ss").Err())
+	for range 3 {
+		require.NoError(t, h.Refresh(ctx))
+	}
+	assert.Equal(t, throttle.Quota{Rate: throttle.PerSecond(3)}, h.Quota("bad"), "the last good quota")
+	mu.Lock()
+	require.Len(t, errs, 3)
+	require.ErrorAs(t, errs[2], &fe)
+	assert.Equal(t, "3/1ss", fe.Value)
+	assert.Equal(t, throttle.Quota{Rate: throttle.PerSecond(3)}, fe.Kept)
+	assert.Contains(t, errs[2].Error(), `keeping the last good quota "3/1s"`)
+	mu.Unlock()
+}
+
+// TestRedisHashZeroBlocks: "0/1s" rejects every request of its key, in
+// a window and a bucket alike, with the refresh interval as retry-after
+// and nothing charged; another value unblocks it with its whole limit.
+func TestRedisHashZeroBlocks(t *testing.T) {
+	srv := redistest.Shared(t)
+	key := freshKey()
+	ctx := context.Background()
+	admin := srv.Client(t)
+	require.NoError(t, admin.HSet(ctx, key, "t", "0/1s").Err())
+	c := srv.Client(t)
+	h := newHash(t, c, key, quota.WithRefresh(40*time.Millisecond))
+	assert.True(t, h.Quota("t").IsBlocked())
+	w, err := window.NewRedis(c, throttle.PerSecond(100), window.WithQuotas(h.Func()), window.WithPrefix(redistest.Prefix("quota-w")), window.WithTimeout(redistest.CallTimeout))
+	require.NoError(t, err)
+	b, err := bucket.NewRedis(c, throttle.PerSecond(100), 100, bucket.WithQuotas(h.Func()), bucket.WithPrefix(redistest.Prefix("quota-b")), bucket.WithTimeout(redistest.CallTimeout))
+	require.NoError(t, err)
+	gw, err := throttle.NewGate(w, throttle.WithFailurePolicy(throttle.FailOpen))
+	require.NoError(t, err)
+	for range 50 {
+		for _, l := range []throttle.Limiter{w, b} {
+			d, err := l.AllowN(ctx, "t", 1)
+			require.NoError(t, err)
+			require.False(t, d.Allowed, "0/1s admits nothing")
+			require.Equal(t, 40*time.Millisecond, d.RetryAfter, "the refresh interval")
+		}
+		d, err := gw.AdmitID(ctx, "t", 1, "m-1")
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "a blocked key is a rejection, not a store failure for FailOpen")
+		require.Nil(t, d.Err)
+	}
+	require.NoError(t, admin.HSet(ctx, key, "t", "5/1s").Err())
+	require.NoError(t, h.Refresh(ctx))
+	for _, l := range []throttle.Limiter{w, b} {
+		d, err := l.AllowN(ctx, "t", 5)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed, "unblocked with the whole 5: the block charged nothing")
+	}
+}
+
+// TestRedisHashLost: a hash that vanishes (as after FLUSHALL) keeps every
+// quota last read, reported once, until it is written again; a hash that
+// Delete emptied is empty, not lost.
+func TestRedisHashLost(t *testing.T) {
+	srv := redistest.Shared(t)
+	key := freshKey()
+	ctx := context.Background()
+	admin := srv.Client(t)
+	require.NoError(t, admin.HSet(ctx, key, "a", "2/1s", "b", "0/1s").Err())
+	var mu sync.Mutex
+	var errs []error
+	h := newHash(t, srv.Client(t), key, quota.WithErrorHandler(func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}))
+	require.NoError(t, admin.Del(ctx, key).Err())
+	for range 3 {
+		require.NoError(t, h.Refresh(ctx))
+	}
+	assert.Equal(t, throttle.Quota{Rate: throttle.PerSecond(2)}, h.Quota("a"))
+	assert.True(t, h.Quota("b").IsBlocked(), "a blocked key stays blocked")
+	mu.Lock()
+	require.Len(t, errs, 1)
+	var le *quota.LostError
+	require.ErrorAs(t, errs[0], &le)
+	assert.Equal(t, 2, le.Kept)
+	mu.Unlock()
+
+	// Written again: the hash is what it says.
+	require.NoError(t, admin.HSet(ctx, key, "a", "4/1s").Err())
+	require.NoError(t, h.Refresh(ctx))
+	assert.Equal(t, throttle.Quota{Rate: throttle.PerSecond(4)}, h.Quota("a"))
+	assert.True(t, h.Quota("b").IsZero())
+
+	// Emptied on purpose.
+	require.NoError(t, h.Delete(ctx, "a"))
+	require.NoError(t, h.Refresh(ctx))
+	assert.Empty(t, h.Quotas())
+	n, err := admin.HLen(ctx, key).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "the marker keeps the hash")
+	mu.Lock()
+	assert.Len(t, errs, 1, "an emptied hash is not reported lost")
+	mu.Unlock()
+	err = h.Set(ctx, quota.Marker, throttle.Quota{Rate: throttle.PerSecond(1)})
+	assert.ErrorIs(t, err, throttle.ErrInvalidOption)
 }
 
 // TestRedisHashRedisDown: while Redis is down the last quotas stay, the

@@ -33,6 +33,7 @@ type Gate struct {
 	algorithm     string
 	limit         int
 	policy        FailurePolicy
+	quotaPolicy   FailurePolicy // for errors wrapping ErrInvalidQuota
 	degradedRetry time.Duration
 
 	// traced and metered are false for the OpenTelemetry no-op providers,
@@ -63,7 +64,7 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if l == nil {
 		return nil, &OptionError{Field: "Limiter", Reason: "must not be nil"}
 	}
-	cfg := gateConfig{policy: FailClosed, degradedRetry: time.Second}
+	cfg := gateConfig{policy: FailClosed, quotaPolicy: FailClosed, degradedRetry: time.Second}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -78,7 +79,7 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if cfg.meterProvider == nil {
 		cfg.meterProvider = otel.GetMeterProvider()
 	}
-	g := &Gate{limiter: l, policy: cfg.policy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon, logger: cfg.logger, aimd: cfg.aimd}
+	g := &Gate{limiter: l, policy: cfg.policy, quotaPolicy: cfg.quotaPolicy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon, logger: cfg.logger, aimd: cfg.aimd}
 	g.ids, _ = l.(IDLimiter)
 	if a, ok := l.(Algorithmer); ok && g.algorithm == "" {
 		g.algorithm = a.Algorithm()
@@ -234,8 +235,8 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 			d = g.rejectDegraded()
 			span.SetStatus(codes.Error, "limiter closed; rejected")
 		default:
-			d = g.degraded()
-			span.SetStatus(codes.Error, "limiter failed; "+g.policy.String()+" decided")
+			d = g.degraded(err)
+			span.SetStatus(codes.Error, "limiter failed; "+g.policyFor(err).String()+" decided")
 		}
 		d.Err = err
 		if g.metered {
@@ -270,7 +271,7 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 			span.SetAttributes(ReservedAttr.Bool(d.Reserved))
 		}
 		if err != nil {
-			span.SetAttributes(PolicyAttr.String(g.policy.String()))
+			span.SetAttributes(PolicyAttr.String(g.policyFor(err).String()))
 		}
 	}
 	span.End()
@@ -295,9 +296,18 @@ var epoch = time.Now()
 // as well): the latency histogram needs no more, and it is half the cost.
 func monotonic() time.Duration { return time.Since(epoch) }
 
-// degraded is the failure policy's decision.
-func (g *Gate) degraded() Decision {
-	if g.policy == FailOpen {
+// policyFor returns the failure policy that decides for the limiter's
+// error err: the quota one for a quota that cannot be enforced.
+func (g *Gate) policyFor(err error) FailurePolicy {
+	if errors.Is(err, ErrInvalidQuota) {
+		return g.quotaPolicy
+	}
+	return g.policy
+}
+
+// degraded is the failure policy's decision for the limiter's error err.
+func (g *Gate) degraded(err error) Decision {
+	if g.policyFor(err) == FailOpen {
 		return Decision{Allowed: true, Limit: g.limit, Source: SourceDegraded}
 	}
 	return g.rejectDegraded()

@@ -202,6 +202,50 @@ func TestGateFailurePolicy(t *testing.T) {
 	}
 }
 
+// TestGateQuotaFailurePolicy: a QuotaFunc's quota that cannot be enforced
+// is decided by the quota failure policy, FailClosed by default even under
+// FailOpen (100 requests against a broken 5/s quota: 0 admitted, not 100);
+// FailOpen for quotas only when chosen.
+func TestGateQuotaFailurePolicy(t *testing.T) {
+	broken := func(string) throttle.Quota { return throttle.Quota{Rate: throttle.Rate{Count: -5, Per: time.Second}} }
+	for _, tt := range []struct {
+		name     string
+		opts     []throttle.Option
+		admitted int
+		policy   throttle.FailurePolicy
+	}{
+		{"store fail-open, quotas by default", []throttle.Option{throttle.WithFailurePolicy(throttle.FailOpen)}, 0, throttle.FailClosed},
+		{"quotas fail-open when chosen", []throttle.Option{throttle.WithQuotaFailurePolicy(throttle.FailOpen)}, 100, throttle.FailOpen},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lim, err := window.NewMemory(throttle.PerSecond(5), window.WithQuotas(broken))
+			require.NoError(t, err)
+			tel := newTelemetry(t)
+			g, err := throttle.NewGate(lim, append(tel.options(), tt.opts...)...)
+			require.NoError(t, err)
+			admitted := 0
+			var last throttle.Decision
+			for range 100 {
+				d, err := g.Admit(context.Background(), "k", 1)
+				require.NoError(t, err)
+				require.ErrorIs(t, d.Err, throttle.ErrInvalidQuota)
+				require.Equal(t, throttle.SourceDegraded, d.Source)
+				if d.Allowed {
+					admitted++
+				}
+				last = d
+			}
+			require.Equal(t, tt.admitted, admitted)
+			var se *throttle.StoreError
+			require.ErrorAs(t, new(throttle.StoreErrors).Report(g, "k", last), &se)
+			require.Equal(t, tt.policy, se.Policy)
+			require.Equal(t, tt.policy.String(), spanAttrs(tel.spans.Ended()[0])[throttle.PolicyAttr].AsString())
+		})
+	}
+	_, err := throttle.NewGate(throttle.LimiterFunc(failing), throttle.WithQuotaFailurePolicy(7))
+	require.ErrorIs(t, err, throttle.ErrInvalidOption)
+}
+
 func TestGateUsageErrorsAreNotPolicyDecisions(t *testing.T) {
 	tel := newTelemetry(t)
 	lim, err := window.NewMemory(throttle.PerSecond(5))

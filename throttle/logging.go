@@ -82,7 +82,7 @@ func (g *Gate) logFailure(ctx context.Context, key string, err error) {
 		}
 		g.logger.LogAttrs(ctx, slog.LevelError, "throttle: the limiter fails every decision the same way; the failure policy decides them all until this is fixed",
 			slog.String("algorithm", g.algorithm),
-			slog.String("policy", g.policy.String()),
+			slog.String("policy", g.policyFor(err).String()),
 			slog.String("key", key),
 			slog.String("error", text),
 			slog.String("hint", hint))
@@ -90,7 +90,7 @@ func (g *Gate) logFailure(ctx context.Context, key string, err error) {
 	if ok, skipped := f.warn.allow(time.Now()); ok {
 		g.logger.LogAttrs(ctx, slog.LevelWarn, "throttle: limiter failed; the failure policy decided",
 			slog.String("algorithm", g.algorithm),
-			slog.String("policy", g.policy.String()),
+			slog.String("policy", g.policyFor(err).String()),
 			slog.String("key", key),
 			slog.String("error", text),
 			slog.Int("suppressed", skipped))
@@ -139,7 +139,7 @@ func (r *StoreErrors) Report(g *Gate, key string, d Decision) error {
 	}
 	p := FailClosed
 	if g != nil {
-		p = g.policy
+		p = g.policyFor(d.Err)
 	}
 	return &StoreError{Key: key, Policy: p, Suppressed: skipped, Err: d.Err}
 }

@@ -42,6 +42,7 @@ type gateConfig struct {
 	tracerProvider    trace.TracerProvider
 	meterProvider     metric.MeterProvider
 	policy            FailurePolicy
+	quotaPolicy       FailurePolicy
 	degradedRetry     time.Duration
 	algorithmOverride string
 	horizon           time.Duration
@@ -79,6 +80,23 @@ func WithFailurePolicy(p FailurePolicy) Option {
 			return &OptionError{Field: "WithFailurePolicy", Reason: fmt.Sprintf("unknown policy %d", int(p))}
 		}
 		c.policy = p
+		return nil
+	})
+}
+
+// WithQuotaFailurePolicy sets what the Gate decides when a key's quota
+// cannot be enforced: its QuotaFunc returned a quota that is not a valid
+// limit (the limiter's error wraps ErrInvalidQuota). Default FailClosed,
+// whatever WithFailurePolicy says: a store outage may be ridden through
+// unthrottled, a broken quota is no reason to lift the limit. Choose
+// FailOpen only if a bad quota should mean no limit. A blocked quota
+// (Blocked, "0/1s") is a rejection, not a failure, and no policy applies.
+func WithQuotaFailurePolicy(p FailurePolicy) Option {
+	return optionFunc(func(c *gateConfig) error {
+		if p != FailClosed && p != FailOpen {
+			return &OptionError{Field: "WithQuotaFailurePolicy", Reason: fmt.Sprintf("unknown policy %d", int(p))}
+		}
+		c.quotaPolicy = p
 		return nil
 	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -21,7 +22,7 @@ import (
 func (m *Memory) Peek(_ context.Context, key string, n int) (throttle.Decision, error) {
 	r, perUS, err := m.rateOf(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	if err := throttle.CheckCost(n, r.Count); err != nil {
 		return throttle.Decision{}, err

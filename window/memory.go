@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -120,7 +121,7 @@ func (m *Memory) rateOf(key string) (throttle.Rate, int64, error) {
 func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64) (throttle.Decision, error) {
 	r, perUS, err := m.rateOf(key)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	if err := throttle.CheckCost(n, r.Count); err != nil {
 		return throttle.Decision{}, err

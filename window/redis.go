@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
@@ -205,7 +206,7 @@ var argAllowN any = "-1"
 func (l *Redis) decide(ctx context.Context, key string, n int, member string, horizon any) (throttle.Decision, error) {
 	r, err := l.request(key, n, member, horizon)
 	if err != nil {
-		return throttle.Decision{}, err
+		return blocked.Or(err, throttle.SourceLocal)
 	}
 	return l.batch.Do(ctx, r)
 }
@@ -234,7 +235,7 @@ func (l *Redis) request(key string, n int, member string, horizon any) (request,
 		}
 		if q != l.rate {
 			if err := redisopt.CheckExact("quota Rate.Count", int64(q.Count)); err != nil {
-				return r, fmt.Errorf("window: quota of key %q: %w", key, err)
+				return r, blocked.Invalid("window", key, err)
 			}
 			r.argWin, r.argLimit, r.limit = strconv.FormatInt(q.PerMicros(), 10), strconv.Itoa(q.Count), q.Count
 		}

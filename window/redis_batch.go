@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -92,15 +93,26 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 // throttle.ErrInvalidOption (a bad quota); Redis errors are wrapped as
 // "window: redis: ...".
 func (l *Redis) AllowBatch(ctx context.Context, reqs []throttle.Request) ([]throttle.Decision, error) {
-	rs := make([]request, len(reqs))
+	rs := make([]request, 0, len(reqs))
+	var held map[int]throttle.Decision // the requests of blocked keys, decided here
 	for i, q := range reqs {
 		r, err := l.request(q.Key, q.N, "", argAllowN)
+		if d, ok := blocked.Decision(err, throttle.SourceLocal); ok {
+			if held == nil {
+				held = map[int]throttle.Decision{}
+			}
+			held[i] = d
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reqs[%d]: %w", i, err)
 		}
-		rs[i] = r
+		rs = append(rs, r)
 	}
 	ds, errs := l.batch.DoAll(ctx, rs)
+	if held != nil {
+		ds, errs = blocked.Merge(held, ds, errs)
+	}
 	return ds, throttle.NewBatchError(errs)
 }
 

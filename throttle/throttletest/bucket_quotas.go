@@ -33,7 +33,8 @@ func RunBucketQuotas(t *testing.T, newLimiter NewBucketQuotaFunc) {
 	quotas := map[string]throttle.Quota{
 		"gold": {Rate: throttle.Rate{Count: 10, Per: time.Second}, Burst: 3},
 		"free": {Rate: throttle.Rate{Count: 1, Per: 500 * ms}},
-		"bad":  {Rate: throttle.Rate{Count: 0, Per: time.Second}},
+		"bad":  {Rate: throttle.Rate{Count: -1, Per: time.Second}},
+		"zero": {Rate: throttle.Rate{Count: 0, Per: -time.Second}},
 		"neg":  {Rate: throttle.Rate{Count: 1, Per: time.Second}, Burst: -1},
 	}
 	set := func(key string, q throttle.Quota) {
@@ -117,10 +118,13 @@ func RunBucketQuotas(t *testing.T, newLimiter NewBucketQuotaFunc) {
 		set("k", throttle.Quota{})
 		run(t, []step{{at: at + 875*ms, key: "k", limit: 2, retryAfter: 400 * ms}})
 	})
+	t.Run("blocked", func(t *testing.T) {
+		testBlocked(t, l, clock, set)
+	})
 	t.Run("bad input", func(t *testing.T) {
-		for _, key := range []string{"bad", "neg"} {
-			if _, err := l.AllowN(ctx, key, 1); !errors.Is(err, throttle.ErrInvalidOption) {
-				t.Errorf("invalid quota of %s: error %v, want ErrInvalidOption", key, err)
+		for _, key := range []string{"bad", "zero", "neg"} {
+			if _, err := l.AllowN(ctx, key, 1); !errors.Is(err, throttle.ErrInvalidOption) || !errors.Is(err, throttle.ErrInvalidQuota) {
+				t.Errorf("invalid quota of %s: error %v, want ErrInvalidQuota and ErrInvalidOption", key, err)
 			}
 		}
 		if _, err := l.AllowN(ctx, "gold", 4); !errors.Is(err, throttle.ErrInvalidCost) {

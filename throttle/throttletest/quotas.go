@@ -28,7 +28,8 @@ func RunWindowQuotas(t *testing.T, newLimiter NewQuotaFunc) {
 	quotas := map[string]throttle.Quota{
 		"gold": {Rate: throttle.Rate{Count: 3, Per: time.Second}},
 		"free": {Rate: throttle.Rate{Count: 1, Per: 500 * ms}},
-		"bad":  {Rate: throttle.Rate{Count: 0, Per: time.Second}},
+		"bad":  {Rate: throttle.Rate{Count: -1, Per: time.Second}},
+		"zero": {Rate: throttle.Rate{Count: 0, Per: -time.Second}},
 	}
 	set := func(key string, q throttle.Quota) {
 		mu.Lock()
@@ -98,9 +99,14 @@ func RunWindowQuotas(t *testing.T, newLimiter NewQuotaFunc) {
 			{at: 2700 * ms, key: "k", limit: 2, retryAfter: 900 * ms}, // the limiter's own 2/1s: the 4th oldest of 5 leaves at 3.6 s
 		})
 	})
+	t.Run("blocked", func(t *testing.T) {
+		testBlocked(t, l, clock, set)
+	})
 	t.Run("bad input", func(t *testing.T) {
-		if _, err := l.AllowN(ctx, "bad", 1); !errors.Is(err, throttle.ErrInvalidOption) {
-			t.Errorf("invalid quota: error %v, want ErrInvalidOption", err)
+		for _, key := range []string{"bad", "zero"} {
+			if _, err := l.AllowN(ctx, key, 1); !errors.Is(err, throttle.ErrInvalidOption) || !errors.Is(err, throttle.ErrInvalidQuota) {
+				t.Errorf("invalid quota of %s: error %v, want ErrInvalidQuota and ErrInvalidOption", key, err)
+			}
 		}
 		if _, err := l.AllowN(ctx, "gold", 4); !errors.Is(err, throttle.ErrInvalidCost) {
 			t.Errorf("cost 4 above gold's 3: error %v, want ErrInvalidCost", err)
@@ -113,4 +119,51 @@ func RunWindowQuotas(t *testing.T, newLimiter NewQuotaFunc) {
 			t.Errorf("a key without a quota after bad input: %s, %v", fmt.Sprint(d), err)
 		}
 	})
+}
+
+// testBlocked checks the blocked quota (throttle.Blocked) on a limiter
+// whose own limit admits 2 at once: every decision of the key is a
+// rejection with the quota's period as RetryAfter, at any cost, charging
+// and reserving nothing, so the key has its whole limit once unblocked.
+func testBlocked(t *testing.T, l throttle.Limiter, clock *Clock, set func(string, throttle.Quota)) {
+	t.Helper()
+	ctx := context.Background()
+	clock.Set(T0.Add(time.Hour))
+	set("off", throttle.Blocked(250*ms+300*time.Microsecond))
+	want := func(what string, d throttle.Decision, err error) {
+		t.Helper()
+		if err != nil || d.Allowed || d.Reserved || d.Remaining != 0 || d.RetryAfter != 251*ms {
+			t.Errorf("%s of a blocked key: %s, %v; want a rejection, nothing reserved, retry after 251ms", what, fmtDecision(d), err)
+		}
+	}
+	for _, n := range []int{1, 2, 1000} {
+		d, err := l.AllowN(ctx, "off", n)
+		want(fmt.Sprintf("AllowN(%d)", n), d, err)
+	}
+	if ids, ok := l.(throttle.IDLimiter); ok {
+		d, err := ids.AllowID(ctx, "off", 1, "m-1", time.Minute)
+		want("AllowID with a horizon", d, err)
+	}
+	if p, ok := l.(interface {
+		Peek(ctx context.Context, key string, n int) (throttle.Decision, error)
+	}); ok {
+		d, err := p.Peek(ctx, "off", 1)
+		want("Peek", d, err)
+	}
+	if b, ok := l.(throttle.BatchLimiter); ok {
+		ds, err := b.AllowBatch(ctx, []throttle.Request{{Key: "off", N: 1}, {Key: "off-not", N: 1}, {Key: "off", N: 2}})
+		if err != nil || len(ds) != 3 {
+			t.Fatalf("AllowBatch beside a blocked key: %v, %v", ds, err)
+		}
+		want("AllowBatch's 1st", ds[0], nil)
+		want("AllowBatch's 3rd", ds[2], nil)
+		if !ds[1].Allowed {
+			t.Errorf("AllowBatch: an unblocked key beside a blocked one: %s, want admitted", fmtDecision(ds[1]))
+		}
+	}
+	set("off", throttle.Quota{})
+	d, err := l.AllowN(ctx, "off", 2)
+	if err != nil || !d.Allowed {
+		t.Errorf("unblocked: AllowN(2) = %s, %v; want admitted (the block charged nothing)", fmtDecision(d), err)
+	}
 }
