@@ -68,8 +68,9 @@
 // slot; then they are forgotten, and a forgotten id is a new request. Local
 // keeps them beside each key's bucket and forgets them lazily, in
 // amortized O(1) per id, at the key's next AllowID; a key is forgotten
-// only once its bucket is full and its ids forgotten (or when the LRU
-// needs the room, see Local). Redis keeps them in a sorted set beside the
+// only once its bucket is full and its ids forgotten, never to make room
+// (see Local: a new key beyond WithMaxKeys is refused with
+// throttle.ErrTooManyKeys). Redis keeps them in a sorted set beside the
 // key's bucket, prefix + "{" + escaped key + "}" + ":ids" (the same Cluster
 // slot), with members "A:" + id (admitted, scored by the admission
 // instant in µs since the Unix epoch) and "R:" + id (reserved, scored by

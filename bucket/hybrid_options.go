@@ -66,16 +66,36 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	})
 }
 
-// WithMaxKeys bounds how many keys a Hybrid keeps local state (leased
-// tokens, rate estimate) for; the least recently used key beyond it is
-// dropped and its unused tokens are returned to Redis. Default 10000; n
-// must be >= 1. Other limiters ignore it.
-func WithMaxKeys(n int) Option {
-	return hybridOption(func(c *hybridConfig) error {
-		if n < 1 {
-			return &throttle.OptionError{Field: "WithMaxKeys", Reason: fmt.Sprintf("must be >= 1, got %d", n)}
-		}
-		c.maxKeys = n
-		return nil
-	})
+// WithMaxKeys bounds how many keys a limiter keeps state for; n must be
+// >= 1. A Hybrid (default 10000) drops the least recently used key beyond
+// it and returns its unused tokens to Redis: its state is a cache of
+// Redis'. A Local (default DefaultMaxKeys) never drops a key whose bucket
+// is not full: once it holds n keys that are all still refilling, a
+// decision for a new key is refused (see throttle.ErrTooManyKeys) until
+// some are full again. NewRedis ignores it.
+func WithMaxKeys(n int) Option { return maxKeysOption(n) }
+
+type maxKeysOption int
+
+func (o maxKeysOption) check() error {
+	if o < 1 {
+		return &throttle.OptionError{Field: "WithMaxKeys", Reason: fmt.Sprintf("must be >= 1, got %d", int(o))}
+	}
+	return nil
+}
+
+func (o maxKeysOption) apply(c *config) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	c.maxKeys = int(o)
+	return nil
+}
+
+func (o maxKeysOption) applyHybrid(c *hybridConfig) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	c.maxKeys = int(o)
+	return nil
 }

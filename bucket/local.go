@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/queuethrottle/queuethrottle/internal/blocked"
+	"github.com/queuethrottle/queuethrottle/internal/janitor"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -35,17 +36,20 @@ const idleChecks = 2
 // the same decisions at the same instants. AllowID adds reservations,
 // which take tokens ahead of time, and idempotent ids (see AllowID).
 //
-// Per-key state lives in bounded LRU caches (hashicorp/golang-lru's
-// simplelru, one per shard), with a lock-free index beside them so that a
-// known key is found without the shard's lock; a key's place in the LRU
-// order is refreshed at most every 100 ms. A key that has been idle long enough to be
-// full again is forgotten at no cost: state for it would read full anyway.
-// Idle keys are forgotten lazily, when new keys arrive, and a Local holds
-// at most DefaultMaxKeys keys, so memory stays bounded however many
-// distinct keys it sees. If more keys than that are active at once (each
-// used within one time-to-full, burst/Count × Per), the least recently used
-// one is forgotten before it is full and comes back full: this can
-// over-admit by at most one burst per forgotten key.
+// Per-key state lives in LRU lists (hashicorp/golang-lru's simplelru, one
+// per shard), with a lock-free index beside them so that a known key is
+// found without the shard's lock; a key's place in the LRU order is
+// refreshed at most every 100 ms. A key is forgotten only when that
+// changes no decision: its bucket is full again and its ids are past (a
+// forgotten key comes back full). New keys forget up to two such keys of
+// their shard, and a janitor forgets the others every JanitorPeriod
+// without waiting for decisions, giving their memory back. A Local holds
+// at most WithMaxKeys keys (default DefaultMaxKeys, split evenly over its
+// shards): when a new key's shard is full of keys that are all still
+// refilling (each used within one time-to-full, burst/Count × Per), the
+// decision for the new key is refused with an error wrapping
+// throttle.ErrTooManyKeys, and no existing key is reset: a client that
+// mints keys cannot reset everyone's limits.
 //
 // A Local is safe for concurrent use. Deciding for a key it holds
 // allocates nothing. The zero Local is not usable; call NewLocal.
@@ -61,6 +65,7 @@ type Local struct {
 	mask     uint64
 	shards   []localShard
 	pauses   pause.Set // Pause
+	refused  atomic.Int64
 }
 
 // localShard is a part of the keys. Its lock guards the LRU; each key's
@@ -72,6 +77,8 @@ type localShard struct {
 	index sync.Map // string -> *localState
 	mu    sync.Mutex
 	lru   *simplelru.LRU[string, *localState]
+	size  int // the most keys lru holds
+	peak  int // the most keys lru has held since it was made
 	// last is the most recently looked-up key's bucket, which is also the
 	// front of lru: deciding again for it needs neither the shard lock nor
 	// an LRU update, so a hot key costs one lock, on its own bucket.
@@ -103,10 +110,10 @@ type localState struct {
 // tokens per r.Per up to burst (>= 1), starting full.
 //
 // Options: WithClock (default the system clock, read through its monotonic
-// reading so that steps of the wall clock do not matter), WithQuotas; the
-// others are accepted and ignored. Errors wrap throttle.ErrInvalidOption and name the
-// field: Rate.Count < 1, Rate.Per <= 0, burst < 1 (or burst × Per beyond
-// 2^53 µs), a bad option.
+// reading so that steps of the wall clock do not matter), WithQuotas,
+// WithMaxKeys; the others are accepted and ignored. Errors wrap
+// throttle.ErrInvalidOption and name the field: Rate.Count < 1, Rate.Per
+// <= 0, burst < 1 (or burst × Per beyond 2^53 µs), a bad option.
 func NewLocal(r throttle.Rate, burst int, opts ...Option) (*Local, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -130,13 +137,20 @@ func NewLocal(r throttle.Rate, burst int, opts ...Option) (*Local, error) {
 	size := cfg.maxKeys / n // n shards hold at most maxKeys together
 	for i := range l.shards {
 		s := &l.shards[i]
-		c, err := simplelru.NewLRU(size, s.evicted)
-		if err != nil {
+		s.size = size
+		if err := s.newLRU(); err != nil {
 			return nil, fmt.Errorf("bucket: local: %w", err)
 		}
-		s.lru = c
 	}
+	janitor.Start(l, (*Local).forgetIdle)
 	return l, nil
+}
+
+// newLRU gives s an empty LRU list of s.size keys.
+func (s *localShard) newLRU() error {
+	c, err := simplelru.NewLRU(s.size, s.evicted)
+	s.lru = c
+	return err
 }
 
 // Rate returns the refill rate.
@@ -177,7 +191,10 @@ func (l *Local) AllowN(_ context.Context, key string, n int) (throttle.Decision,
 	if left := l.pauses.Left(key, now); left > 0 {
 		return l.paused(key, lim, n, now, left), nil
 	}
-	allowed, credit := l.take(key, n, &lim.p, now)
+	allowed, credit, err := l.take(key, n, &lim.p, now)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
 	return lim.p.decision(allowed, n, credit, lim.limit, throttle.SourceLocal), nil
 }
 
@@ -192,37 +209,61 @@ func (l *Local) now() int64 {
 }
 
 // locked returns key's bucket, locked, looking it up (and adding one
-// full under p) as needed, and again if the LRU forgot it meanwhile.
-func (l *Local) locked(key string, now int64, p *params) *localState {
+// full under p) as needed, and again if it was forgotten meanwhile. The
+// error, for a new key in a shard full of live ones, wraps
+// ErrTooManyKeys.
+func (l *Local) locked(key string, now int64, p *params) (*localState, error) {
 	s := &l.shards[l.shardOf(key)]
 	st := s.last.Load()
 	if st == nil || st.key != key {
-		st = s.lookup(key, now, p)
+		if st = s.lookup(key, now, p); st == nil {
+			return nil, l.tooMany(key)
+		}
 	}
 	st.mu.Lock()
 	for st.dead {
 		st.mu.Unlock()
-		st = s.lookup(key, now, p)
+		if st = s.lookup(key, now, p); st == nil {
+			return nil, l.tooMany(key)
+		}
 		st.mu.Lock()
 	}
-	return st
+	return st, nil
 }
+
+// JanitorPeriod is how often the janitor of a Local (and of a
+// window.Memory) forgets the keys that no decision needs any more.
+const JanitorPeriod = janitor.Period
+
+// tooMany counts and returns the refusal of a new key (see Local).
+func (l *Local) tooMany(key string) error {
+	l.refused.Add(1)
+	return fmt.Errorf("bucket: local: key %q refused: %w (its shard holds %d keys, all still refilling; WithMaxKeys %d)",
+		key, throttle.ErrTooManyKeys, l.shards[0].size, l.shards[0].size*len(l.shards))
+}
+
+// Refused returns how many decisions for new keys the Local refused
+// because it held WithMaxKeys live keys (see throttle.ErrTooManyKeys).
+func (l *Local) Refused() int64 { return l.refused.Load() }
 
 // take is the algorithm at the instant now (µs), under p (the key's
 // params): it reports whether n tokens were taken, and the credit left
 // (admitted) or there (rejected).
-func (l *Local) take(key string, n int, p *params, now int64) (bool, int64) {
-	st := l.locked(key, now, p)
+func (l *Local) take(key string, n int, p *params, now int64) (bool, int64, error) {
+	st, err := l.locked(key, now, p)
+	if err != nil {
+		return false, 0, err
+	}
 	credit, ts := st.refill(p, now)
 	need := int64(n) * p.perUS
 	if credit < need {
 		st.mu.Unlock()
-		return false, credit
+		return false, credit, nil
 	}
 	credit -= need
 	st.credit, st.ts, st.p = credit, ts, p
 	st.mu.Unlock()
-	return true, credit
+	return true, credit, nil
 }
 
 // refill is p.refill of st's credit, converted to p's if the key's quota
@@ -249,7 +290,7 @@ func (l *Local) shardOf(key string) uint64 {
 }
 
 // lookup returns key's bucket, adding a full one if there is none, and
-// makes it the shard's last.
+// makes it the shard's last; nil if there is none and no room for it.
 func (s *localShard) lookup(key string, now int64, p *params) *localState {
 	if v, ok := s.index.Load(key); ok {
 		if st := v.(*localState); now-st.moved.Load() < promoteEvery {
@@ -259,7 +300,10 @@ func (s *localShard) lookup(key string, now int64, p *params) *localState {
 	s.mu.Lock()
 	st, ok := s.lru.Get(key)
 	if !ok {
-		st = s.add(key, now, p)
+		if st = s.add(key, now, p); st == nil {
+			s.mu.Unlock()
+			return nil
+		}
 		s.index.Store(st.key, st)
 	}
 	st.moved.Store(now)
@@ -272,26 +316,76 @@ func (s *localShard) lookup(key string, now int64, p *params) *localState {
 
 // add stores a full bucket for key, first forgetting up to idleChecks of
 // the least recently used keys whose buckets are full again at now (and
-// whose ids are all forgotten). The caller holds s.mu.
+// whose ids are all forgotten); nil, adding nothing, when the shard still
+// holds its size. The caller holds s.mu.
 func (s *localShard) add(key string, now int64, p *params) *localState {
 	for range idleChecks {
 		_, old, ok := s.lru.GetOldest()
-		if !ok {
+		if !ok || !s.forget(old, now) {
 			break
 		}
-		old.mu.Lock()
-		full := old.forgettable(now)
-		// Marked under its lock, so nobody takes from it once found full.
-		old.dead = full
-		old.mu.Unlock()
-		if !full {
-			break
-		}
-		s.lru.RemoveOldest()
+	}
+	if s.lru.Len() >= s.size {
+		return nil
 	}
 	st := &localState{credit: p.cap, ts: now, p: p, key: strings.Clone(key)}
-	s.lru.Add(st.key, st) // may evict the least recently used: see Local
+	s.lru.Add(st.key, st) // never evicts: there is room
+	s.peak = max(s.peak, s.lru.Len())
 	return st
+}
+
+// forget removes st from s if it is forgettable at now, and reports
+// whether it did. The caller holds s.mu.
+func (s *localShard) forget(st *localState, now int64) bool {
+	st.mu.Lock()
+	full := st.forgettable(now)
+	// Marked under its lock, so nobody takes from it once found full.
+	st.dead = full
+	st.mu.Unlock()
+	if full {
+		s.lru.Remove(st.key)
+	}
+	return full
+}
+
+// forgetIdle is the janitor's sweep: every forgettable key of every
+// shard is forgotten, and a shard left with under a quarter of its peak
+// (of at least 256 keys) moves its keys to a fresh LRU, so that the map
+// it grew to can be collected (a Go map never shrinks).
+func (l *Local) forgetIdle() {
+	now := l.now()
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		for _, k := range s.lru.Keys() {
+			if st, ok := s.lru.Peek(k); ok {
+				s.forget(st, now)
+			}
+		}
+		if s.peak >= minRebuildPeak && s.lru.Len() < s.peak/4 {
+			s.rebuild()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// minRebuildPeak is the smallest peak of keys after which a shard's LRU is
+// rebuilt when most of its keys are gone.
+const minRebuildPeak = 256
+
+// rebuild moves s's keys, in their order, to a fresh LRU list. The caller
+// holds s.mu.
+func (s *localShard) rebuild() {
+	old := s.lru
+	if err := s.newLRU(); err != nil {
+		s.lru = old // cannot happen: size >= 1
+		return
+	}
+	for _, k := range old.Keys() { // oldest first
+		st, _ := old.Peek(k)
+		s.lru.Add(k, st)
+	}
+	s.peak = s.lru.Len()
 }
 
 // evicted marks a bucket the LRU dropped, so that a decision holding it

@@ -53,7 +53,10 @@ func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon
 	if left := l.pauses.Left(key, now); left > 0 {
 		return l.paused(key, lim, n, now, left), nil
 	}
-	st := l.locked(key, now, &lim.p)
+	st, err := l.locked(key, now, &lim.p)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
 	d := decideID(st, lim, now, n, id, horizonMicros(horizon))
 	st.mu.Unlock()
 	return d, nil

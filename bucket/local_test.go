@@ -3,14 +3,18 @@ package bucket
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
+	"github.com/queuethrottle/queuethrottle/internal/janitor"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 )
@@ -113,32 +117,92 @@ func TestLocalZeroAllocs(t *testing.T) {
 	}
 }
 
-// TestLocalMemoryBound feeds a million distinct keys: the bucket must hold
-// no more than DefaultMaxKeys of them.
-func TestLocalMemoryBound(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a million keys")
-	}
+// TestLocalChurnKeepsLimits: a million distinct keys (a client minting
+// keys) beside one key at 10/min, burst 10: the limited key is admitted
+// exactly as without the churn (its 10, then nothing until it refills),
+// the keys beyond the cap are refused with ErrTooManyKeys, not admitted,
+// and the Local holds no more than DefaultMaxKeys.
+func TestLocalChurnKeepsLimits(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
-	l, err := NewLocal(throttle.PerHour(1), 1, WithClock(clock)) // nothing refills
+	l, err := NewLocal(throttle.PerMinute(10), 10, WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	buf := []byte("key-")
-	for i := 0; i < 1_000_000; i++ {
+	limited, refused := 0, 0
+	for i := range 1_000_000 {
+		if i%20_000 == 0 { // 50 rounds over 2.5 s
+			clock.Advance(50 * time.Millisecond)
+			if d, err := l.AllowN(ctx, "limited", 1); err != nil {
+				t.Fatal(err)
+			} else if d.Allowed {
+				limited++
+			}
+		}
 		key := string(strconv.AppendInt(buf[:4], int64(i), 10))
 		d, err := l.AllowN(ctx, key, 1)
-		if err != nil || !d.Allowed {
-			t.Fatalf("key %d: %+v, %v; want admitted (a new key starts full)", i, d, err)
+		switch {
+		case errors.Is(err, throttle.ErrTooManyKeys):
+			refused++
+		case err != nil || !d.Allowed:
+			t.Fatalf("key %d: %+v, %v; want admitted (a new key starts full) or refused", i, d, err)
 		}
-		if i%100_000 == 0 {
-			clock.Advance(time.Microsecond)
-		}
+	}
+	if limited != 10 {
+		t.Errorf("the limited key was admitted %d times in 2.5 s beside the churn, want its burst of 10", limited)
 	}
 	if n := l.Len(); n > DefaultMaxKeys {
-		t.Fatalf("Len = %d after a million keys, want <= %d", n, DefaultMaxKeys)
+		t.Errorf("Len = %d after a million keys, want <= %d", n, DefaultMaxKeys)
 	}
+	if refused < 1_000_000-DefaultMaxKeys || l.Refused() != int64(refused) {
+		t.Errorf("%d refused (Refused %d), want at least the %d beyond the cap", refused, l.Refused(), 1_000_000-DefaultMaxKeys)
+	}
+}
+
+// TestLocalJanitor: keys full again are forgotten by the janitor without
+// any new decision, and a Local nobody holds is collected (the janitor
+// does not keep it alive) with no goroutine left behind.
+func TestLocalJanitor(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	defer janitor.SetPeriod(20 * time.Millisecond)()
+	clock := throttletest.NewClock(throttletest.T0)
+	l, err := NewLocal(throttle.PerSecond(10), 10, WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 10_000 {
+		if _, err := l.AllowN(ctx, "k"+strconv.Itoa(i), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(99 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // a few sweeps: all still refilling
+	if n := l.Len(); n != 10_000 {
+		t.Fatalf("Len = %d before the keys are full again, want 10000", n)
+	}
+	clock.Advance(time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Len() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := l.Len(); n != 0 {
+		t.Fatalf("Len = %d once every key is full again, want 0 (the janitor forgets them)", n)
+	}
+	w := weak.Make(l)
+	l = nil
+	for range 100 {
+		runtime.GC()
+		if w.Value() == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if w.Value() != nil {
+		t.Fatal("a Local nobody holds is kept alive")
+	}
+	goleak.VerifyNone(t, ignore)
 }
 
 // TestLocalIdleEviction checks that keys are forgotten once full again:
@@ -216,35 +280,33 @@ func TestLocalConcurrent(t *testing.T) {
 // panics. Tests of Redis paths use a real redis-server.
 type fakeScripter struct{ redis.Scripter }
 
-// withMaxKeys sets the Local's key bound, for tests.
-func withMaxKeys(n int) Option {
-	return optionFunc(func(c *config) error {
-		c.maxKeys = n
-		return nil
-	})
-}
-
-// TestLocalSizeEviction fills a one-key cache: a key evicted before it is
-// full comes back full (the documented over-admission of at most one
-// burst), and the cache never holds more than its bound.
-func TestLocalSizeEviction(t *testing.T) {
+// TestLocalNeverForgetsALiveKey: with room for one key, a second key is
+// refused while the first still refills (its state intact), and admitted
+// once the first is full again and can be forgotten.
+func TestLocalNeverForgetsALiveKey(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
-	l, err := NewLocal(throttle.PerHour(1), 3, WithClock(clock), withMaxKeys(1))
+	l, err := NewLocal(throttle.PerSecond(1), 3, WithClock(clock), WithMaxKeys(1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for i, s := range []struct {
-		key       string
-		remaining int
-	}{{"a", 2}, {"a", 1}, {"b", 2}, {"a", 2}, {"a", 1}, {"a", 0}, {"b", 2}} {
-		d, err := l.AllowN(ctx, s.key, 1)
-		if err != nil || !d.Allowed || d.Remaining != s.remaining {
-			t.Fatalf("step %d, key %q: %+v, %v; want admitted with Remaining %d", i, s.key, d, err, s.remaining)
+	allow := func(key string, remaining int) {
+		t.Helper()
+		d, err := l.AllowN(ctx, key, 1)
+		if err != nil || !d.Allowed || d.Remaining != remaining {
+			t.Fatalf("key %q: %+v, %v; want admitted with Remaining %d", key, d, err, remaining)
 		}
-		if n := l.Len(); n != 1 {
-			t.Fatalf("step %d: Len = %d, want 1", i, n)
-		}
+	}
+	allow("a", 2)
+	allow("a", 1)
+	if _, err := l.AllowN(ctx, "b", 1); !errors.Is(err, throttle.ErrTooManyKeys) {
+		t.Fatalf("a 2nd key while the only one refills: %v, want ErrTooManyKeys", err)
+	}
+	allow("a", 0) // not reset by the refused key
+	clock.Advance(3 * time.Second)
+	allow("b", 2) // a is full again: forgotten for b
+	if n := l.Len(); n != 1 {
+		t.Fatalf("Len = %d, want 1", n)
 	}
 }
 
@@ -253,7 +315,7 @@ func TestLocalSizeEviction(t *testing.T) {
 // hold them, and must be looked up again, never updated after eviction.
 func TestLocalConcurrentEviction(t *testing.T) {
 	clock := throttletest.NewClock(throttletest.T0)
-	l, err := NewLocal(throttle.Rate{Count: 1, Per: 100 * time.Microsecond}, 2, WithClock(clock), withMaxKeys(8))
+	l, err := NewLocal(throttle.Rate{Count: 1, Per: 100 * time.Microsecond}, 2, WithClock(clock), WithMaxKeys(8))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,6 +330,9 @@ func TestLocalConcurrentEviction(t *testing.T) {
 				}
 				key := "k" + strconv.Itoa((g*7+i)%20)
 				d, err := l.AllowN(context.Background(), key, 1+i%2)
+				if errors.Is(err, throttle.ErrTooManyKeys) {
+					continue // 20 keys, room for 8: refused while all refill
+				}
 				if err != nil {
 					t.Error(err)
 					return

@@ -29,11 +29,14 @@ func (l *Local) Pause(_ context.Context, key string, d time.Duration) error {
 }
 
 // paused returns the Decision of a request of cost n for key, paused for
-// left µs more at now: the bucket is read, not written.
+// left µs more at now: the bucket is read, not written (a key without
+// state reads full).
 func (l *Local) paused(key string, lim *keyLimits, n int, now, left int64) throttle.Decision {
-	st := l.locked(key, now, &lim.p)
-	credit, _ := st.refill(&lim.p, now)
-	st.mu.Unlock()
+	credit := lim.p.cap
+	if st, err := l.locked(key, now, &lim.p); err == nil {
+		credit, _ = st.refill(&lim.p, now)
+		st.mu.Unlock()
+	}
 	return pause.Decision(lim.p.decision(false, n, credit, lim.limit, throttle.SourceLocal), micros(left))
 }
 

@@ -30,4 +30,8 @@ const (
 	// StoreErrorsMetric counts limiter errors other than bad requests (store
 	// failures and timeouts), labelled by throttle.algorithm.
 	StoreErrorsMetric = "throttle.store.errors"
+	// KeysRefusedMetric counts decisions refused because an in-process
+	// limiter holds its most keys, all live (ErrTooManyKeys), labelled by
+	// throttle.algorithm.
+	KeysRefusedMetric = "throttle.keys.refused"
 )

@@ -70,8 +70,10 @@ type Decision struct {
 	// error: a store failure or timeout, or ErrClosed. Gate.Admit then
 	// returns a nil error, so that callers follow the policy, and Err is
 	// how they learn why (the consumers in this module pass it, rate
-	// limited, to their error handlers as a *StoreError). Nil otherwise,
-	// and always nil in Decisions that limiters return.
+	// limited, to their error handlers as a *StoreError). It is also set,
+	// with Source SourceLocal, on the rejection of a request that an
+	// in-process limiter refused as one key too many (ErrTooManyKeys).
+	// Nil otherwise, and always nil in Decisions that limiters return.
 	Err error
 }
 

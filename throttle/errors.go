@@ -29,6 +29,15 @@ var (
 	// worker.
 	ErrClosed = errors.New("throttle: limiter closed")
 
+	// ErrTooManyKeys is wrapped by the error of an in-process limiter
+	// (bucket.Local, window.Memory) that refuses a decision for a new key
+	// because it holds its most keys (their WithMaxKeys) and forgetting
+	// any of them would change a decision. A Gate rejects such a request
+	// whatever its failure policy, with its degraded retry-after and the
+	// error in Decision.Err, and counts it in KeysRefusedMetric; no key's
+	// state is reset to make room.
+	ErrTooManyKeys = errors.New("throttle: too many live keys")
+
 	// ErrLimited is matched (errors.Is) by every error that carries a
 	// rejection, such as *LimitedError.
 	ErrLimited = errors.New("throttle: limited")

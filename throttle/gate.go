@@ -44,6 +44,7 @@ type Gate struct {
 	decisions       metric.Int64Counter
 	duration        metric.Float64Histogram
 	storeErrors     metric.Int64Counter
+	keysRefused     metric.Int64Counter
 
 	// Metric options are indexed by outcome (see outcomes) and Source.
 	// Precomputed option slices: a variadic call through an interface
@@ -107,6 +108,11 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if g.storeErrors, err = meter.Int64Counter(StoreErrorsMetric,
 		metric.WithUnit("{error}"),
 		metric.WithDescription("Limiter store failures and timeouts; the failure policy decided instead.")); err != nil {
+		return nil, err
+	}
+	if g.keysRefused, err = meter.Int64Counter(KeysRefusedMetric,
+		metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions for new keys refused: the in-process limiter holds its most keys, all still limited.")); err != nil {
 		return nil, err
 	}
 	for allowed, outcome := range outcomes {
@@ -234,13 +240,22 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 		case errors.Is(err, ErrClosed):
 			d = g.rejectDegraded()
 			span.SetStatus(codes.Error, "limiter closed; rejected")
+		case errors.Is(err, ErrTooManyKeys):
+			// Not a store failure: no policy admits it.
+			d = g.rejectDegraded()
+			d.Source = SourceLocal
+			span.SetStatus(codes.Error, "key refused; rejected")
 		default:
 			d = g.degraded(err)
 			span.SetStatus(codes.Error, "limiter failed; "+g.policyFor(err).String()+" decided")
 		}
 		d.Err = err
 		if g.metered {
-			g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
+			if d.Source == SourceLocal {
+				g.keysRefused.Add(ctx, 1, g.storeErrOpt...)
+			} else {
+				g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
+			}
 		}
 		if g.logger != nil {
 			g.logFailure(ctx, key, err)

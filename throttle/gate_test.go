@@ -246,6 +246,35 @@ func TestGateQuotaFailurePolicy(t *testing.T) {
 	require.ErrorIs(t, err, throttle.ErrInvalidOption)
 }
 
+// TestGateTooManyKeys: a key an in-process limiter refuses as one too
+// many is rejected even under FailOpen, with the error in Decision.Err,
+// counted as refused and not as a store error.
+func TestGateTooManyKeys(t *testing.T) {
+	lim, err := window.NewMemory(throttle.PerMinute(1), window.WithMaxKeys(32))
+	require.NoError(t, err)
+	tel := newTelemetry(t)
+	g, err := throttle.NewGate(lim, append(tel.options(), throttle.WithFailurePolicy(throttle.FailOpen), throttle.WithDegradedRetryAfter(2*time.Second))...)
+	require.NoError(t, err)
+	ctx := context.Background()
+	refused := 0
+	for i := range 200 { // 32 shards of one key each: most keys find theirs taken
+		d, err := g.Admit(ctx, fmt.Sprint("k", i), 1)
+		require.NoError(t, err)
+		if d.Err != nil {
+			require.ErrorIs(t, d.Err, throttle.ErrTooManyKeys)
+			require.False(t, d.Allowed, "fail-open does not admit a key refused as one too many")
+			require.Equal(t, 2*time.Second, d.RetryAfter)
+			require.Equal(t, throttle.SourceLocal, d.Source)
+			require.ErrorIs(t, new(throttle.StoreErrors).Report(g, "k", d), throttle.ErrTooManyKeys)
+			refused++
+		}
+	}
+	require.Greater(t, refused, 100)
+	require.Equal(t, int64(refused), lim.Refused())
+	require.Equal(t, map[string]int64{"sliding_window_log": int64(refused)}, tel.sums(t, throttle.KeysRefusedMetric))
+	require.Empty(t, tel.sums(t, throttle.StoreErrorsMetric))
+}
+
 func TestGateUsageErrorsAreNotPolicyDecisions(t *testing.T) {
 	tel := newTelemetry(t)
 	lim, err := window.NewMemory(throttle.PerSecond(5))

@@ -123,7 +123,9 @@ func (g *Gate) logDecision(ctx context.Context, key string, n int, d Decision, e
 // StoreErrors rate-limits the store failures a consumer adapter reports to
 // its error handler: Report returns, at most 3 at once and then 2 per
 // second, a *StoreError for a Decision whose Err is set, carrying the
-// number of failures not reported since the previous one; otherwise nil.
+// number of failures not reported since the previous one (for a key
+// refused as one too many, the ErrTooManyKeys error itself); otherwise
+// nil.
 // The zero StoreErrors is ready; it is safe for concurrent use.
 type StoreErrors struct{ s sampler }
 
@@ -136,6 +138,9 @@ func (r *StoreErrors) Report(g *Gate, key string, d Decision) error {
 	ok, skipped := r.s.allow(time.Now())
 	if !ok {
 		return nil
+	}
+	if errors.Is(d.Err, ErrTooManyKeys) {
+		return d.Err // not a store failure, and no policy decided
 	}
 	p := FailClosed
 	if g != nil {

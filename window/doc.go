@@ -208,7 +208,10 @@
 // that (a skiplist). Keys expire one window after their last admission, so
 // an idle key costs nothing. [Memory] holds at most Count entries per key
 // and window up to its furthest reservation (fewer when admissions share a
-// microsecond) and forgets keys idle for a window.
+// microsecond), forgets a key only once its log is empty (on decisions,
+// and every JanitorPeriod without them), and holds at most WithMaxKeys
+// keys (default DefaultMaxKeys): a new key beyond them is refused with
+// throttle.ErrTooManyKeys, never by resetting a key that still counts.
 //
 // Reservations are units too: a key holds at most Count units per window
 // up to its furthest reservation (horizon / Per + 1 windows of them).

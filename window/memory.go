@@ -2,11 +2,14 @@ package window
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/queuethrottle/queuethrottle/internal/blocked"
+	"github.com/queuethrottle/queuethrottle/internal/janitor"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -20,19 +23,22 @@ const memoryShards = 32
 //
 // Memory is bounded by the keys that admitted something in the last window:
 // a key's log holds at most Count entries (plus its reservations), and a
-// key whose newest admission has left the window (and whose unclaimed
-// reservations have passed their grace) is deleted by a periodic sweep, at
-// most once per Per for each of its 32 shards, on the next decision that
-// lands in the shard. So memory is O(keys active within the last one to
-// two windows × their entries), however many distinct keys came and went
+// key is forgotten only once forgetting it changes no decision: its
+// newest admission has left the window and its unclaimed reservations
+// have passed their grace. Such keys are deleted by a sweep of each of its
+// 32 shards, at most once per Per on the next decision that lands in the
+// shard, and by a janitor every JanitorPeriod without waiting for
+// decisions. So memory is O(keys active within the last one to two
+// windows × their entries), however many distinct keys came and went
 // before: a Go map never shrinks, so a shard whose sweep leaves fewer than
 // a quarter of the keys it held at its peak (of at least 256) is rebuilt
 // into a map of the live keys, and a spike of millions of keys gives its
-// memory back to the garbage collector at the first decision in each
-// shard once the spike's keys have left their window (one to two windows
-// after its end; a Memory that decides nothing more keeps it). Memory holds no limit on the number of
-// keys: for keys that a client chooses, cap them before they reach it, or
-// use bucket.Local, which holds at most its WithMaxKeys.
+// memory back to the garbage collector within a janitor period of the
+// spike's keys leaving their window. A Memory holds at most WithMaxKeys
+// keys (default DefaultMaxKeys): when a new key's shard is full of keys
+// still counting, the decision for the new key is refused with an error
+// wrapping throttle.ErrTooManyKeys, and no existing key is reset, so a
+// client that mints keys cannot reset everyone's limits.
 //
 // It is safe for concurrent use. Deciding for a key seen before allocates
 // nothing.
@@ -44,20 +50,26 @@ type Memory struct {
 	seed   maphash.Seed
 	pauses pause.Set // Pause
 	shards [memoryShards]memoryShard
+	// shardKeys is the most keys a shard holds (WithMaxKeys / 32).
+	shardKeys int
+	refused   atomic.Int64
 }
 
 type memoryShard struct {
 	mu      sync.Mutex
 	logs    map[string]*windowLog
 	sweepAt int64 // µs: next time the shard is swept for idle keys
-	peak    int   // the most keys logs has held since it was made
-	_       [32]byte
+	// fullSweepAt (µs) spaces the sweeps of a full shard that a new key
+	// asks for, so that a flood of new keys costs O(1) each.
+	fullSweepAt int64
+	peak        int // the most keys logs has held since it was made
+	_           [32]byte
 }
 
 // NewMemory returns an in-process sliding window admitting r.Count per
-// r.Per for each key. Options: WithClock (default the system clock);
-// WithPrefix is accepted and ignored. Errors wrap throttle.ErrInvalidOption
-// and name the field.
+// r.Per for each key. Options: WithClock (default the system clock),
+// WithQuotas, WithMaxKeys; the others are accepted and ignored. Errors
+// wrap throttle.ErrInvalidOption and name the field.
 func NewMemory(r throttle.Rate, opts ...Option) (*Memory, error) {
 	if err := checkRate(r); err != nil {
 		return nil, err
@@ -66,15 +78,35 @@ func NewMemory(r throttle.Rate, opts ...Option) (*Memory, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Memory{rate: r, quotas: cfg.quotas, window: r.PerMicros(), clock: cfg.clock, seed: maphash.MakeSeed()}
+	m := &Memory{rate: r, quotas: cfg.quotas, window: r.PerMicros(), clock: cfg.clock, seed: maphash.MakeSeed(), shardKeys: cfg.maxKeys / memoryShards}
 	if m.clock == nil {
 		m.clock = throttle.SystemClock
 	}
 	for i := range m.shards {
 		m.shards[i].logs = make(map[string]*windowLog)
 	}
+	janitor.Start(m, (*Memory).sweepAll)
 	return m, nil
 }
+
+// JanitorPeriod is how often the janitor of a Memory (and of a
+// bucket.Local) forgets the keys that no decision needs any more.
+const JanitorPeriod = janitor.Period
+
+// sweepAll is the janitor's sweep of every shard.
+func (m *Memory) sweepAll() {
+	now, _ := instant(m.clock.Now(), 0)
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		s.sweep(now, m.window)
+		s.mu.Unlock()
+	}
+}
+
+// Refused returns how many decisions for new keys the Memory refused
+// because it held WithMaxKeys live keys (see throttle.ErrTooManyKeys).
+func (m *Memory) Refused() int64 { return m.refused.Load() }
 
 // Rate returns the limit the window enforces.
 func (m *Memory) Rate() throttle.Rate { return m.rate }
@@ -138,6 +170,17 @@ func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64
 	}
 	l := s.logs[key]
 	if l == nil {
+		if len(s.logs) >= m.shardKeys {
+			if now >= s.fullSweepAt {
+				s.sweep(now, m.window)
+				s.fullSweepAt = now + min(m.window, fullSweepEvery)
+			}
+			if len(s.logs) >= m.shardKeys {
+				m.refused.Add(1)
+				return throttle.Decision{}, fmt.Errorf("window: memory: key %q refused: %w (its shard holds %d keys whose logs still count; WithMaxKeys %d)",
+					key, throttle.ErrTooManyKeys, m.shardKeys, m.shardKeys*memoryShards)
+			}
+		}
 		l = &windowLog{}
 		s.logs[key] = l
 		s.peak = max(s.peak, len(s.logs))
@@ -172,6 +215,10 @@ func (s *memoryShard) sweep(now, window int64) {
 		s.rebuild()
 	}
 }
+
+// fullSweepEvery is the least time (µs) between two sweeps of a full
+// shard for new keys.
+const fullSweepEvery = 10_000
 
 // minRebuildPeak is the smallest peak of keys after which a shard's map is
 // rebuilt when most of its keys are gone: smaller maps cost too little to

@@ -22,6 +22,7 @@ type config struct {
 	clockSet bool
 	timeout  time.Duration // per Redis call
 	quotas   throttle.QuotaFunc
+	maxKeys  int // Memory: most keys held, default DefaultMaxKeys
 	// server: WithServerClock; serverLocal is the local clock under the
 	// estimate (tests: nil means throttle.SystemClock).
 	server      bool
@@ -49,7 +50,7 @@ func checkRate(r throttle.Rate) error {
 }
 
 func newConfig(opts []Option) (config, error) {
-	c := config{prefix: defaultPrefix, timeout: defaultTimeout}
+	c := config{prefix: defaultPrefix, timeout: defaultTimeout, maxKeys: DefaultMaxKeys}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -156,3 +157,22 @@ func errHorizon(h time.Duration) error {
 // horizonMicros converts a reservation horizon to µs, rounded down (a slot
 // is reserved only if it lies within the horizon).
 func horizonMicros(h time.Duration) int64 { return int64(h / time.Microsecond) }
+
+// DefaultMaxKeys is the most keys a Memory holds state for by default.
+const DefaultMaxKeys = 1_000_000
+
+// WithMaxKeys bounds how many keys a Memory holds state for (split evenly
+// over its 32 shards), default DefaultMaxKeys; n must be >= 32. A key is
+// only forgotten once its log is empty (see Memory), so when a new key's
+// shard is full of keys whose logs still count, the decision for the new
+// key is refused with an error wrapping throttle.ErrTooManyKeys and no
+// existing key is reset. Redis ignores it.
+func WithMaxKeys(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < memoryShards {
+			return &throttle.OptionError{Field: "WithMaxKeys", Reason: fmt.Sprintf("must be >= %d (one per shard), got %d", memoryShards, n)}
+		}
+		c.maxKeys = n
+		return nil
+	})
+}
