@@ -50,7 +50,9 @@ type Algorithmer interface {
 }
 
 // Clock tells the time. Limiters take one through a WithClock option so
-// tests can use fixed instants; the default is the system clock.
+// tests can use fixed instants; the default is the system clock. A Clock
+// must be safe for concurrent use: decisions read it, and so do the
+// in-process limiters' janitors.
 type Clock interface {
 	Now() time.Time
 }

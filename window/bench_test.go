@@ -63,6 +63,36 @@ func BenchmarkRedisWindow(b *testing.B) {
 	}
 }
 
+// BenchmarkLossCheck weighs the lost-set check (see heldUnits): the same
+// decisions with it and without; compare the two in one run.
+func BenchmarkLossCheck(b *testing.B) {
+	client := redistest.Shared(b).Client(b)
+	ctx := context.Background()
+	for _, check := range []bool{true, false} {
+		name := "check"
+		if !check {
+			name = "off"
+		}
+		l, err := NewRedis(client, benchRate, WithPrefix(freshPrefix()), WithTimeout(redistest.CallTimeout))
+		if err != nil {
+			b.Fatal(err)
+		}
+		l.held.off = !check
+		b.Run(name+"/one-key", func(b *testing.B) {
+			benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
+				_, err := l.Allow(ctx, "one")
+				return err
+			})
+		})
+		b.Run(name+"/many-keys", func(b *testing.B) {
+			benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
+				_, err := l.Allow(ctx, benchtest.Keys[i%len(benchtest.Keys)])
+				return err
+			})
+		})
+	}
+}
+
 // pipelineWindow is the design the script replaces: MULTI of
 // ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE with millisecond scores from the
 // client clock, and a ZREM of the new member when the count was full.

@@ -149,6 +149,34 @@
 // its pauses apart from the logs, so the sweep of idle keys never forgets
 // one. Pause refuses d <= 0 with an error naming "d".
 //
+// # Lost sets
+//
+// Redis can lose a key's set while its units still count: FLUSHALL, a
+// restart without persistence, eviction under maxmemory, a failover to a
+// replica that lacked it. Admitting on the empty set would let a second
+// limit's worth through within one window. [Redis] remembers, per key
+// (up to 100,000 keys), until when the set must hold a unit it saw
+// admitted (the script's instant plus the reply's reset), and passes it
+// with every script call for the key; window.lua answers with its instant,
+// so this costs no extra round trip. A set gone before then, with the key
+// not paused, was lost: the script pauses the key until now + Per, in the
+// pause key (same cluster slot), so every process honours it, and decides
+// the request as paused. Whenever the loss happened, the units before it
+// have left by then; nothing beyond the limit is admitted. A brand-new
+// key (a fresh deploy, a first message) is not a loss and costs nothing:
+// only a process that saw the key admit recently can tell.
+//
+// What a loss can still cost: a process that has not seen an admission on
+// the key within the last window cannot tell (after a restart of every
+// process, say), and a partial loss (a failover to a replica behind by a
+// few writes, appendfsync everysec) leaves a set that is not empty, so it
+// is not seen either: up to the units lost may be admitted again. Bound
+// that with persistence (appendfsync always) or, for failovers, with
+// replicas acknowledged before a decision counts (WAIT; not done by this
+// package). A Refund or Reset in another process can make a set look lost:
+// the key then pauses for one window (never admits more). Stacked windows
+// decided in one script (AllowJoint) do not check yet.
+//
 // # Keys
 //
 // A key maps to the Redis key prefix + "{" + tag + "}" (prefix default

@@ -69,7 +69,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	buf := argsPool.Get().(*[]any)
 	args := windowScript.Start((*buf)[:0])
 	args = l.keys(append(args, argNumKeys[l.keysPerWindow()]), r)
-	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, argOne, r.argN, r.member, r.horizon)
+	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, l.held.arg(r.key), argOne, r.argN, r.member, r.horizon)
 	defer func() { // the command is done with its arguments
 		clear(args)
 		*buf = args[:0]
@@ -80,7 +80,12 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
 	var d [1]throttle.Decision
-	err := decisions(cmd.Val(), d[:], r.limit)
+	v := cmd.Val()
+	if len(v) == replyInts+1 { // and now
+		l.held.noteReply(&r, v, v[replyInts])
+		v = v[:replyInts]
+	}
+	err := decisions(v, d[:], r.limit)
 	return d[0], err
 }
 
@@ -139,14 +144,14 @@ func requestKey(r request) string { return r.key }
 func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCmd {
 	n := coalesce.Len(groups)
 	per := l.keysPerWindow()
-	args := windowScript.Start(make([]any, 0, 6+(per+3)*len(groups)+3*n))
+	args := windowScript.Start(make([]any, 0, 6+(per+4)*len(groups)+3*n))
 	args = append(args, strconv.Itoa(per*len(groups)))
 	for _, g := range groups {
 		args = l.keys(args, g[0].Req)
 	}
 	args = l.clockArgs(ctx, args)
 	for _, g := range groups {
-		args = append(args, g[0].Req.argWin, g[0].Req.argLimit, strconv.Itoa(len(g)))
+		args = append(args, g[0].Req.argWin, g[0].Req.argLimit, l.held.arg(g[0].Req.key), strconv.Itoa(len(g)))
 		for _, c := range g {
 			args = append(args, c.Req.argN, c.Req.member, c.Req.horizon)
 		}
@@ -166,10 +171,14 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 		err = errLate
 	}
 	var skip map[int]bool
+	now := int64(-1) // the script's instant, its last integer
 	if n := replyInts * coalesce.Len(groups); err == nil && len(v) > n {
-		skip = make(map[int]bool, len(v)-n)
-		for _, g := range v[n:] {
-			skip[int(g)-1] = true
+		now = v[len(v)-1]
+		if len(v) > n+1 {
+			skip = make(map[int]bool, len(v)-n-1)
+			for _, g := range v[n : len(v)-1] {
+				skip[int(g)-1] = true
+			}
 		}
 		v = v[:n]
 	}
@@ -178,6 +187,11 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 		gerr := err
 		if gerr == nil {
 			k := min(replyInts*len(g), len(v))
+			if now >= 0 && !skip[i] {
+				for j, c := range g {
+					l.held.noteReply(&c.Req, v[j*replyInts:k], now)
+				}
+			}
 			gerr = decisions(v[:k], d, g[0].Req.limit)
 			v = v[k:]
 		}

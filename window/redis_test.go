@@ -446,16 +446,18 @@ func TestRedisTimeout(t *testing.T) {
 
 // TestRedisStoreFailure checks that a stopped or hung Redis is an error
 // (bounded by ctx) and that the limiter recovers after a restart, whose
-// empty script cache it reloads.
+// empty script cache it reloads: a key it had admitted on is seen lost and
+// recovers for a window, a new key is decided as new.
 func TestRedisStoreFailure(t *testing.T) {
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
-	l := newTestRedis(t, client, throttle.PerSecond(10))
+	l := newTestRedis(t, client, throttle.Rate{Count: 10, Per: 30 * time.Second})
+	key := "k"
 	allow := func(timeout time.Duration) (throttle.Decision, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		return l.Allow(ctx, "k")
+		return l.Allow(ctx, key)
 	}
 	if d, err := allow(5 * time.Second); err != nil || !d.Allowed {
 		t.Fatalf("Allow = %+v, %v", d, err)
@@ -492,8 +494,12 @@ func TestRedisStoreFailure(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err != nil || !d.Allowed || d.Remaining != 9 {
-		t.Fatalf("Allow after Restart = %+v, %v; want admitted with Remaining 9", d, err)
+	if err != nil || d.Allowed || d.RetryAfter < 29*time.Second {
+		t.Fatalf("Allow after Restart = %+v, %v; want a rejection for about the 30 s window: the set was lost", d, err)
+	}
+	key = "new"
+	if d, err = allow(5 * time.Second); err != nil || !d.Allowed || d.Remaining != 9 {
+		t.Fatalf("Allow of a new key after Restart = %+v, %v; want admitted with Remaining 9", d, err)
 	}
 }
 

@@ -33,6 +33,8 @@
 -- Then, key after key:
 --   window   µs (integer).
 --   limit    the most units any window may hold (integer >= 1).
+--   held     an instant, µs, until which the caller knows the set holds
+--            a unit it saw admitted (0: none known); see "Lost sets".
 --   m        the number of requests for the key (>= 1), then m requests,
 --            three arguments each:
 --     n        the cost (1 <= n <= limit, checked by the caller).
@@ -61,7 +63,8 @@
 -- Redis 7.0 or newer).
 --
 -- Returns three integers per request, in order (key after key), then the
--- places of the keys that failed, if any (see grouped.lua): code,
+-- places of the keys that failed, if any (see grouped.lua), then now (µs,
+-- the instant the script decided at, before any key's floor): code,
 -- retry_after_us, reset_after_us (three integers for five values: Redis
 -- converts a script's reply element by element). code = remaining + 1
 -- when admitted, -(remaining + 1) when rejected: remaining = limit - units
@@ -74,6 +77,13 @@
 -- request is rejected at once, nothing written, with remaining 0,
 -- retry_after_us the time left of the pause and reset_after_us at least
 -- as long.
+--
+-- Lost sets: a set that should hold a unit (held > now) but is gone, while
+-- the key is not paused, was lost (FLUSHALL, a restart without its data,
+-- eviction, a failover to a replica that lacked it). Units admitted before
+-- the loss may still count for up to a window, unseen: the key is paused
+-- until now + window (in KEYS[3], for every process), so that it admits
+-- nothing beyond what the limit allows whenever the loss happened.
 --
 -- AllowN requests that fit are batched: their units are written together
 -- by one ZADD before any other request reads the set (pending below), and
@@ -146,7 +156,8 @@ local function decideKey(s, a, g)
 	local nominal = tonumber(ARGV[a])
 	local window = nominal + slack
 	local limit = tonumber(ARGV[a + 1])
-	local first, last = a + 3, a + 2 + 3 * tonumber(ARGV[a + 2])
+	local held = tonumber(ARGV[a + 2])
+	local first, last = a + 4, a + 3 + 3 * tonumber(ARGV[a + 3])
 	local now = now0
 	if floorKey then
 		local floor = tonumber(redis.call("GET", floorKey))
@@ -155,6 +166,11 @@ local function decideKey(s, a, g)
 		end
 	end
 	local pausedUntil = tonumber(got[2 * g])
+	if held > now and not (pausedUntil and pausedUntil > now) and redis.call("EXISTS", key) == 0 then
+		-- Lost (see "Lost sets" above): recovering for a window.
+		pausedUntil = now + window
+		redis.call("SET", KEYS[s + 3], str(pausedUntil), "PX", math.ceil(window / 1000))
+	end
 	-- The schedule (KEYS[2]): newestReserved bounds every reserved unit
 	-- from above; hintT (false: none), hintC and hintD are the hint.
 	local newestReserved, hintT, hintC, hintD = 0, false, 0, 0
@@ -727,6 +743,8 @@ local function decideKey(s, a, g)
 end
 
 -- The keys one after another (eachKey: internal/redisscript/grouped.lua):
--- ARGV from 4, three header arguments per key, three per request, three
--- integers per reply.
-return eachKey(out, stride, 4, 3, 3, 3, decideKey)
+-- ARGV from 4, four header arguments per key, three per request, three
+-- integers per reply; then now.
+local reply = eachKey(out, stride, 4, 4, 3, 3, decideKey)
+reply[#reply + 1] = now0
+return reply

@@ -516,16 +516,20 @@ func tightest(ts []time.Time, k int) time.Duration {
 // instant read by the window belongs to the decision that read it.
 type instantsLimiter struct {
 	*window.Memory
-	mu     sync.Mutex
-	last   time.Time
-	admits []time.Time
+	mu      sync.Mutex
+	clockMu sync.Mutex // the Memory's janitor reads the clock too
+	last    time.Time
+	admits  []time.Time
 }
 
 func newInstantsLimiter(t *testing.T, r throttle.Rate) *instantsLimiter {
 	l := &instantsLimiter{}
 	m, err := window.NewMemory(r, window.WithClock(throttle.ClockFunc(func() time.Time {
-		l.last = time.Now() // under l.mu: only AllowN reads the clock
-		return l.last
+		now := time.Now()
+		l.clockMu.Lock()
+		l.last = now
+		l.clockMu.Unlock()
+		return now
 	})))
 	if err != nil {
 		t.Fatal(err)
@@ -539,9 +543,17 @@ func (l *instantsLimiter) AllowN(ctx context.Context, key string, n int) (thrott
 	defer l.mu.Unlock()
 	d, err := l.Memory.AllowN(ctx, key, n)
 	if err == nil && d.Allowed {
-		l.admits = append(l.admits, l.last)
+		l.admits = append(l.admits, l.lastRead())
 	}
 	return d, err
+}
+
+// lastRead returns the clock's latest reading: the decision's, but for a
+// janitor's sweep in between (every 5 s, µs later).
+func (l *instantsLimiter) lastRead() time.Time {
+	l.clockMu.Lock()
+	defer l.clockMu.Unlock()
+	return l.last
 }
 
 func (l *instantsLimiter) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
@@ -549,7 +561,7 @@ func (l *instantsLimiter) AllowID(ctx context.Context, key string, n int, id str
 	defer l.mu.Unlock()
 	d, err := l.Memory.AllowID(ctx, key, n, id, horizon)
 	if err == nil && d.Allowed {
-		l.admits = append(l.admits, l.last)
+		l.admits = append(l.admits, l.lastRead())
 	}
 	return d, err
 }
