@@ -136,6 +136,7 @@ func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := rediskey.Key(l.prefix, key)
+	l.held.Forget(k) // emptied on purpose
 	if err := resetScript.Run(ctx, l.client, []string{k, k + idsSuffix, k + pause.Suffix}).Err(); err != nil {
 		return fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}

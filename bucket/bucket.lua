@@ -21,6 +21,8 @@
 --   per    credit per token = the refill period in µs (integer).
 --   count  credit added per µs = tokens per period (integer).
 --   cap    credit of a full bucket = burst * per.
+--   held   an instant, µs, until which the caller knows the bucket is not
+--          full (it saw tokens taken), so its key exists; 0: none known.
 --   m      the number of requests for the bucket (>= 1), then m
 --          requests, two arguments each:
 --     min  take nothing unless at least min tokens are there (>= 1).
@@ -38,8 +40,14 @@
 -- the refill timeline. After taking, the key expires when the bucket
 -- would be full again (rounded up to the ms): a missing key reads full.
 --
+-- A lost bucket: a key missing before held, while not paused, was lost
+-- (FLUSHALL, a restart without its data, eviction): reading it full would
+-- give a second burst. It starts empty at now instead, written so that
+-- every process sees it.
+--
 -- Returns two integers per request, in order (bucket after bucket; then
--- the places of the buckets that failed, if any: see grouped.lua): granted = whole tokens
+-- the places of the buckets that failed, if any: see grouped.lua; then
+-- now, the instant of the decisions, µs): granted = whole tokens
 -- taken (0 or min..max); credit = what is left after taking, or what is
 -- there when nothing was taken. The caller derives remaining tokens and
 -- waits from credit with integer arithmetic. While the key is paused,
@@ -67,13 +75,19 @@ local function take(s, a, g)
 	local per = tonumber(ARGV[a])
 	local count = tonumber(ARGV[a + 1])
 	local cap = tonumber(ARGV[a + 2])
-	local first, last = a + 4, a + 3 + 2 * tonumber(ARGV[a + 3])
+	local held = tonumber(ARGV[a + 3])
+	local first, last = a + 5, a + 4 + 2 * tonumber(ARGV[a + 4])
 
 	local credit, ts = refill(key, per, count, cap, now) -- convert.lua
 
 	-- Paused (Pause): take nothing, write nothing.
 	local pausedUntil = tonumber(pauses[g])
-	if pausedUntil and pausedUntil > now then
+	local paused = pausedUntil and pausedUntil > now
+	local lost = not paused and held > now and redis.call("EXISTS", key) == 0
+	if lost then
+		credit, ts = 0, now
+	end
+	if paused then
 		for _ = first, last, 2 do
 			out[#out + 1] = now - pausedUntil
 			out[#out + 1] = credit
@@ -100,7 +114,7 @@ local function take(s, a, g)
 		out[#out + 1] = got
 		out[#out + 1] = credit
 	end
-	if not taken then
+	if not taken and not lost then
 		return
 	end
 	-- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
@@ -113,6 +127,8 @@ local function take(s, a, g)
 end
 
 -- The buckets one after another (eachKey: internal/redisscript/grouped.lua):
--- ARGV from 2, four header arguments per bucket, two per request, two
--- integers per reply.
-return eachKey(out, 2, 2, 4, 2, 2, take)
+-- ARGV from 2, five header arguments per bucket, two per request, two
+-- integers per reply; then now.
+local reply = eachKey(out, 2, 2, 5, 2, 2, take)
+reply[#reply + 1] = now
+return reply

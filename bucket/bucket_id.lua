@@ -22,8 +22,11 @@
 --          2^53, so every sum here is exact).
 -- ARGV[8]  memory: how long an id is remembered after its admission or
 --          slot, µs: the time from empty to full, ceil(cap / count).
--- ARGV[9]  optional: now, µs, from the client's clock. Absent: now is the
---          server's TIME.
+-- ARGV[9]  now, µs, from the client's clock; "" for the server's TIME.
+-- ARGV[10] held: an instant, µs, until which the caller knows the bucket is
+--          short of full, so that its key exists (0: none known). A key
+--          missing before then, while not paused, was lost: the bucket
+--          starts empty at now, written (see bucket.lua).
 --
 -- A stored per other than ARGV[1] is converted (convert.lua).
 --
@@ -42,11 +45,12 @@
 -- newer). With a client clock that moves backwards, after the bucket has
 -- expired, the set may expire before an older id is forgotten.
 --
--- Returns {allowed (0|1), credit, wait_us, reserved (0|1)}: credit = what
--- is left after the decision (or there, when nothing was taken; negative
--- with a debt); wait_us = 0 when admitted, else the time to the slot
--- (reserved) or until the request would fit (not reserved). While the key
--- is paused: {0, credit, left, 0, 1}, left = the µs until the pause ends,
+-- Returns {allowed (0|1), credit, wait_us, reserved (0|1), paused (0|1),
+-- now}: credit = what is left after the decision (or there, when nothing
+-- was taken; negative with a debt); wait_us = 0 when admitted, else the
+-- time to the slot (reserved) or until the request would fit (not
+-- reserved); now = the decision's instant. While the key is paused:
+-- {0, credit, left, 0, 1, now}, left = the µs until the pause ends,
 -- writing nothing (a paused key admits and reserves nothing).
 
 local key = KEYS[1]
@@ -59,6 +63,7 @@ local id = ARGV[5]
 local horizon = tonumber(ARGV[6])
 local maxdebt = tonumber(ARGV[7])
 local memory = tonumber(ARGV[8])
+local held = tonumber(ARGV[10])
 
 local credit, ts = refill(key, per, count, cap, clock(ARGV[9])) -- convert.lua
 local now = ts
@@ -66,7 +71,7 @@ local now = ts
 -- Paused (Pause): reject, write nothing.
 local pausedUntil = tonumber(redis.call("GET", KEYS[3]))
 if pausedUntil and pausedUntil > now then
-	return {0, credit, pausedUntil - now, 0, 1}
+	return {0, credit, pausedUntil - now, 0, 1, now}
 end
 
 -- ceil(a / b) for integers 0 <= a <= 2^53, b >= 1 (the float quotient's
@@ -101,18 +106,24 @@ local function save(c)
 	store(key, c, ts, per, ceildiv(cap - c, count * 1000)) -- convert.lua
 end
 
+if held > now and redis.call("EXISTS", key) == 0 then
+	-- Lost: empty, not full, for every process.
+	credit = 0
+	save(credit)
+end
+
 local s = redis.call("ZMSCORE", ids, "A:" .. id, "R:" .. id)
 if s[1] then
-	return {1, credit, 0, 0}
+	return {1, credit, 0, 0, 0, now}
 end
 if s[2] then
 	local slot = tonumber(s[2])
 	if slot > now then
-		return {0, credit, slot - now, 1}
+		return {0, credit, slot - now, 1, 0, now}
 	end
 	redis.call("ZREM", ids, "R:" .. id)
 	remember("A:" .. id, now, false)
-	return {1, credit, 0, 0}
+	return {1, credit, 0, 0, 0, now}
 end
 
 local need = n * per
@@ -120,7 +131,7 @@ if credit >= need then
 	credit = credit - need
 	save(credit)
 	remember("A:" .. id, now, true)
-	return {1, credit, 0, 0}
+	return {1, credit, 0, 0, 0, now}
 end
 
 local debt = need - credit -- > 0: the credit missing after taking now
@@ -128,6 +139,6 @@ local wait = ceildiv(debt, count)
 if wait <= horizon and debt <= maxdebt then
 	save(-debt)
 	remember("R:" .. id, now + wait, true)
-	return {0, -debt, wait, 1}
+	return {0, -debt, wait, 1, 0, now}
 end
-return {0, credit, wait, 0}
+return {0, credit, wait, 0, 0, now}

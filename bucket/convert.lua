@@ -115,14 +115,17 @@ end
 -- giveBack returns n tokens to the bucket at key (its credit counted in
 -- per: convert), up to cap, without moving its ts, and returns the credit
 -- stored after (cap when full). A missing bucket is full and stays
--- missing. Its expiry moves to the instant the bucket is
--- full again, at ts + ceil((cap - credit) / count); it is deleted if that
--- is not after now (or ts, when now is before it).
+-- missing. Its expiry never comes sooner than it was: a process that took
+-- tokens knows the key lives until then, and takes a key missing before
+-- then for one Redis lost (see bucket.lua). It moves to the instant the
+-- bucket is full again, ts + ceil((cap - credit) / count), if that is
+-- later; a bucket full already is stored full until its old expiry.
 local function giveBack(key, per, count, cap, n, now)
 	local credit, ts, sp = load(key)
 	if credit == nil or ts == nil then
 		return cap
 	end
+	local keep = redis.call("PTTL", key) -- ms; < 0: no expiry
 	credit = convert(credit, sp, per, cap) + n * per
 	if credit > cap then
 		credit = cap
@@ -136,12 +139,19 @@ local function giveBack(key, per, count, cap, n, now)
 	end
 	local left = ts + full - now
 	if left <= 0 then
-		redis.call("DEL", key)
+		if keep > 0 then
+			store(key, cap, ts, per, keep)
+		else
+			redis.call("DEL", key)
+		end
 		return cap
 	end
 	local ttl = math.floor(left / 1000)
 	if ttl * 1000 < left then
 		ttl = ttl + 1
+	end
+	if keep > ttl then
+		ttl = keep
 	end
 	store(key, credit, ts, per, ttl)
 	return credit

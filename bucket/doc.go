@@ -183,6 +183,25 @@
 // instead (for tests, or for services that forbid TIME). Either way stored
 // time never moves backwards.
 //
+// # Lost buckets
+//
+// A missing key reads as a full bucket, so a bucket Redis lost (FLUSHALL,
+// a restart without persistence, eviction, a failover to a replica that
+// lacked it) would hand out a second burst. [Redis] (and the Hybrid,
+// through it) remembers, per key (up to 100,000 keys), until when the
+// bucket is short of full, from the credit and instant every reply
+// carries: no script shortens a key's life (a give-back or refund keeps
+// its expiry), so the key must exist until then. bucket.lua and
+// bucket_id.lua take that instant, and a key missing before it, while not
+// paused, was lost: the bucket starts empty at now instead of full,
+// written so that every process sees it. A brand-new key costs nothing.
+// What a loss can still cost: a process that has not decided on the key
+// since it was last full cannot tell, a partial loss (a replica a few
+// writes behind, appendfsync everysec) leaves an older bucket, and a
+// Reset in another process or a quota change can make a bucket look lost
+// (it then starts empty: never more tokens). Bound partial losses with
+// persistence or WAIT, as for windows (see the window package).
+//
 // # Coalescing
 //
 // Redis.AllowN and the Hybrid's lease calls are coalesced as the window's

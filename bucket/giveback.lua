@@ -13,9 +13,8 @@
 -- A stored per other than ARGV[1] is converted (convert.lua).
 --
 -- tokens grows by n * per, capped at cap; ts stays. A missing key is a
--- full bucket and stays missing. The key's expiry moves to the earlier
--- instant at which the bucket is now full (deleted if that is already
--- past).
+-- full bucket and stays missing. The key's expiry never comes sooner (see
+-- giveBack in convert.lua).
 --
 -- Returns the credit stored at ts after the return (cap if full).
 

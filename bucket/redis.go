@@ -13,6 +13,8 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/janitor"
+	"github.com/queuethrottle/queuethrottle/internal/lost"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
@@ -85,6 +87,8 @@ type Redis struct {
 	// *redis.ClusterClient or *redis.Ring, and any other) and once a
 	// server refused keys of several slots in one call.
 	calls *redisscript.Grouped[[]*takeCall]
+
+	held lost.Held // until when buckets this process took from are not full: to tell a lost one
 }
 
 // maxArgInt bounds the precomputed small-integer arguments.
@@ -135,6 +139,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 		l.calls.OneKeyPerCall()
 	}
 	l.batch = coalesce.New(l.timeout, maxBatch, l.takeOne, l.takeMany)
+	janitor.Start(l, func(l *Redis) { l.held.Sweep() })
 	if cfg.server {
 		if cfg.clock != nil {
 			return nil, &throttle.OptionError{Field: "WithServerClock", Reason: "cannot be combined with WithClock"}
@@ -278,6 +283,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, lim *keyLimits, n int)
 		return err
 	}
 	keys := []string{l.key(key)}
+	l.held.Forget(keys[0]) // the bucket may be full after it
 	var err error
 	if l.clock == nil {
 		err = giveBackScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n)).Err()

@@ -106,13 +106,18 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 	if err := l.ready(ctx); err != nil {
 		return taken{}, err
 	}
-	args := append(takeScript.Start(make([]any, 0, 12)), argKeys2, r.key, r.pause, l.now())
-	cmd := redis.NewIntSliceCmd(ctx, append(args, r.lim.argPer, r.lim.argCount, r.lim.argCap, argOne, r.argMin, r.argMax)...)
+	args := append(takeScript.Start(make([]any, 0, 13)), argKeys2, r.key, r.pause, l.now())
+	cmd := redis.NewIntSliceCmd(ctx, append(args, r.lim.argPer, r.lim.argCount, r.lim.argCap, l.held.Arg(r.key), argOne, r.argMin, r.argMax)...)
 	if err := takeScript.Run(ctx, l.client, cmd); err != nil {
 		return taken{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	var t [1]taken
-	err := l.results(cmd.Val(), t[:], []takeReq{r})
+	v := cmd.Val()
+	if len(v) == 3 { // and now
+		l.noteTaken(&r, v[:2], v[2])
+		v = v[:2]
+	}
+	err := l.results(v, t[:], []takeReq{r})
 	return t[0], err
 }
 
@@ -146,7 +151,7 @@ func takeKey(r takeReq) string { return r.key }
 // their quota: see takeMany).
 func (l *Redis) command(ctx context.Context, groups [][]*takeCall) *redis.IntSliceCmd {
 	n := coalesce.Len(groups)
-	args := takeScript.Start(make([]any, 0, 4+6*len(groups)+2*n))
+	args := takeScript.Start(make([]any, 0, 4+7*len(groups)+2*n))
 	args = append(args, strconv.Itoa(2*len(groups)))
 	for _, g := range groups {
 		args = append(args, g[0].Req.key, g[0].Req.pause)
@@ -154,7 +159,7 @@ func (l *Redis) command(ctx context.Context, groups [][]*takeCall) *redis.IntSli
 	args = append(args, l.now())
 	for _, g := range groups {
 		lim := g[0].Req.lim
-		args = append(args, lim.argPer, lim.argCount, lim.argCap, strconv.Itoa(len(g)))
+		args = append(args, lim.argPer, lim.argCount, lim.argCap, l.held.Arg(g[0].Req.key), strconv.Itoa(len(g)))
 		for _, c := range g {
 			args = append(args, c.Req.argMin, c.Req.argMax)
 		}
@@ -172,10 +177,14 @@ func (l *Redis) settle(groups [][]*takeCall, cmd *redis.IntSliceCmd, err error) 
 	}
 	v := cmd.Val()
 	var skip map[int]bool
+	now := int64(-1) // the script's instant, its last integer
 	if n := 2 * coalesce.Len(groups); err == nil && len(v) > n {
-		skip = make(map[int]bool, len(v)-n)
-		for _, g := range v[n:] {
-			skip[int(g)-1] = true
+		now = v[len(v)-1]
+		if len(v) > n+1 {
+			skip = make(map[int]bool, len(v)-n-1)
+			for _, g := range v[n : len(v)-1] {
+				skip[int(g)-1] = true
+			}
 		}
 		v = v[:n]
 	}
@@ -189,6 +198,11 @@ func (l *Redis) settle(groups [][]*takeCall, cmd *redis.IntSliceCmd, err error) 
 				reqs[j].lim = g[0].Req.lim
 			}
 			k := min(2*len(g), len(v))
+			if now >= 0 && !skip[i] {
+				for j := range reqs {
+					l.noteTaken(&reqs[j], v[2*j:k], now)
+				}
+			}
 			gerr = l.results(v[:k], t, reqs)
 			v = v[k:]
 		}
@@ -230,4 +244,23 @@ func (l *Redis) results(v []int64, t []taken, reqs []takeReq) error {
 		t[i] = taken{int(granted), credit, paused}
 	}
 	return nil
+}
+
+// noteTaken records what bucket.lua's reply v (granted, credit) to r, at
+// its now, proves of r's bucket (see noteShort); a paused reply proves
+// nothing.
+func (l *Redis) noteTaken(r *takeReq, v []int64, now int64) {
+	if len(v) >= 2 && v[0] >= 0 {
+		l.noteShort(r.key, &r.lim.p, v[1], now)
+	}
+}
+
+// noteShort records that the bucket at key held credit (under p) at now:
+// short of full, its key exists until it is full again, at now + (cap -
+// credit) / count, since no script ever shortens its life. See "Lost
+// buckets" in the package documentation.
+func (l *Redis) noteShort(key string, p *params, credit, now int64) {
+	if short := p.cap - credit; short > 0 {
+		l.held.Note(key, now+(short+p.count-1)/p.count, now)
+	}
 }

@@ -81,34 +81,31 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	k := rediskey.Key(l.prefix, key)
 	keys := []string{k, k + idsSuffix, k + pause.Suffix}
 	h := strconv.FormatInt(horizonMicros(horizon), 10)
-	var cmd *redis.Cmd
-	if l.clock == nil {
-		cmd = idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem)
-	} else {
-		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		cmd = idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, now)
-	}
+	cmd := idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, l.now(), l.held.Arg(k))
 	res, err := cmd.Result()
 	if err != nil {
 		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
-	if !ok || (len(vals) != 4 && len(vals) != 5) {
+	if !ok || len(vals) != 6 {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
-	var v [5]int64
+	var v [6]int64
 	for i, x := range vals {
 		if v[i], ok = x.(int64); !ok {
 			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 		}
 	}
-	allowed, credit, wait, reserved := v[0] == 1, v[1], v[2], v[3] == 1
+	allowed, credit, wait, reserved, paused, now := v[0] == 1, v[1], v[2], v[3] == 1, v[4] == 1, v[5]
 	if credit < -lim.p.maxDebt || credit > lim.p.cap || wait < 0 {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
+	if !paused {
+		l.noteShort(k, &lim.p, credit, now)
+	}
 	d := lim.p.decision(allowed, n, credit, lim.limit, throttle.SourceRedis)
-	if len(vals) == 5 { // paused: wait is the time left of the pause
-		if allowed || reserved || v[4] != 1 || wait < 1 {
+	if paused { // wait is the time left of the pause
+		if allowed || reserved || wait < 1 {
 			return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 		}
 		return pause.Decision(d, micros(wait)), nil

@@ -89,6 +89,7 @@ func (l *Redis) Refund(ctx context.Context, key string, n int, id string) (bool,
 		return false, err
 	}
 	k := rediskey.Key(l.prefix, key)
+	l.held.Forget(k) // the bucket may be full after it
 	keys := []string{k, k + idsSuffix}
 	var cmd *redis.Cmd
 	if l.clock == nil {

@@ -19,8 +19,8 @@
 -- An id is held while bucket_id.lua would still know it: admitted after
 -- now - memory, or reserved. Then both its members go, and credit grows by
 -- n * per, capped at cap; ts stays. A missing bucket is full and stays
--- missing. The bucket's expiry moves to the instant it is now full
--- (deleted if that is already past).
+-- missing. The bucket's expiry never comes sooner (see giveBack in
+-- convert.lua).
 --
 -- Returns 1 if the id held something, else 0 (and writes nothing).
 

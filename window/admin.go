@@ -110,7 +110,7 @@ func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
-	l.held.forget(k) // the set is emptied on purpose
+	l.held.Forget(k) // the set is emptied on purpose
 	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix, k + pause.Suffix}).Err(); err != nil {
 		return fmt.Errorf("window: redis: %w", err)
 	}

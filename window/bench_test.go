@@ -77,7 +77,7 @@ func BenchmarkLossCheck(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		l.held.off = !check
+		l.held.Off = !check
 		b.Run(name+"/one-key", func(b *testing.B) {
 			benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
 				_, err := l.Allow(ctx, "one")

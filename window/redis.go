@@ -16,6 +16,7 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/janitor"
+	"github.com/queuethrottle/queuethrottle/internal/lost"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisclock"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
@@ -78,7 +79,7 @@ type Redis struct {
 	calls *redisscript.Grouped[[]*call]
 
 	lastExpiry atomic.Pointer[expiryArg] // see expiry
-	held       heldUnits                 // what this process saw admitted, to tell a lost set
+	held       lost.Held                 // what this process saw admitted, to tell a lost set
 }
 
 // NewRedis returns a sliding window admitting r.Count units per r.Per for
@@ -141,7 +142,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
 	}
-	janitor.Start(l, func(l *Redis) { l.held.sweep() })
+	janitor.Start(l, func(l *Redis) { l.held.Sweep() })
 	return l, nil
 }
 

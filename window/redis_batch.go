@@ -69,7 +69,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	buf := argsPool.Get().(*[]any)
 	args := windowScript.Start((*buf)[:0])
 	args = l.keys(append(args, argNumKeys[l.keysPerWindow()]), r)
-	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, l.held.arg(r.key), argOne, r.argN, r.member, r.horizon)
+	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, l.held.Arg(r.key), argOne, r.argN, r.member, r.horizon)
 	defer func() { // the command is done with its arguments
 		clear(args)
 		*buf = args[:0]
@@ -82,7 +82,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	var d [1]throttle.Decision
 	v := cmd.Val()
 	if len(v) == replyInts+1 { // and now
-		l.held.noteReply(&r, v, v[replyInts])
+		l.noteReply(&r, v, v[replyInts])
 		v = v[:replyInts]
 	}
 	err := decisions(v, d[:], r.limit)
@@ -151,7 +151,7 @@ func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCm
 	}
 	args = l.clockArgs(ctx, args)
 	for _, g := range groups {
-		args = append(args, g[0].Req.argWin, g[0].Req.argLimit, l.held.arg(g[0].Req.key), strconv.Itoa(len(g)))
+		args = append(args, g[0].Req.argWin, g[0].Req.argLimit, l.held.Arg(g[0].Req.key), strconv.Itoa(len(g)))
 		for _, c := range g {
 			args = append(args, c.Req.argN, c.Req.member, c.Req.horizon)
 		}
@@ -189,7 +189,7 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 			k := min(replyInts*len(g), len(v))
 			if now >= 0 && !skip[i] {
 				for j, c := range g {
-					l.held.noteReply(&c.Req, v[j*replyInts:k], now)
+					l.noteReply(&c.Req, v[j*replyInts:k], now)
 				}
 			}
 			gerr = decisions(v[:k], d, g[0].Req.limit)

@@ -67,7 +67,7 @@ func (l *Redis) Refund(ctx context.Context, key string, n int, id string) (bool,
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
-	l.held.forget(k) // the refund may empty the set
+	l.held.Forget(k) // the refund may empty the set
 	removed, err := refundScript.Run(ctx, l.client, []string{k, k + hintSuffix}, strconv.Itoa(n), id).Int64()
 	if err != nil {
 		return false, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
