@@ -12,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
+	"github.com/queuethrottle/queuethrottle/internal/janitor"
+	"github.com/queuethrottle/queuethrottle/internal/lost"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -29,6 +31,8 @@ var (
 	modeRenew   any = "renew"
 	modeRelease any = "release"
 	argNoLease  any = "0"
+	// argServerTime is slots.lua's ARGV[5] for the server's TIME.
+	argServerTime any = ""
 )
 
 // clockSuffix follows a key's Redis key to name its clock floor, kept only
@@ -63,6 +67,7 @@ type Redis struct {
 	timeout  time.Duration  // per call
 	argLimit any            // limit as an ARGV string, boxed once
 	lastArg  atomic.Pointer[leaseArg]
+	held     lost.Held // until when the sets this process was given slots in live, to tell a lost one
 }
 
 // leaseArg is a lease in µs and its ARGV string, boxed: callers mostly
@@ -111,14 +116,16 @@ func NewRedis(c redis.Scripter, limit int, opts ...Option) (*Redis, error) {
 	if err := redisopt.CheckContextTimeout(c, cfg.timeout); err != nil {
 		return nil, err
 	}
-	return &Redis{
+	l := &Redis{
 		client:   c,
 		limit:    limit,
 		prefix:   cfg.prefix,
 		clock:    cfg.clock,
 		timeout:  cfg.timeout,
 		argLimit: strconv.Itoa(limit),
-	}, nil
+	}
+	janitor.Start(l, func(l *Redis) { l.held.Sweep() })
+	return l, nil
 }
 
 // Acquire gives id a slot of key for lease (rounded up to a whole
@@ -150,6 +157,9 @@ func (l *Redis) Acquire(ctx context.Context, key, id string, lease time.Duration
 	if err != nil {
 		return throttle.Decision{}, err
 	}
+	if v[0] == 1 {
+		l.held.Note(l.key(key), v[4]+us, v[4])
+	}
 	return decision(v[0] == 1, l.limit, int(v[1]), v[2], v[3], throttle.SourceRedis), nil
 }
 
@@ -171,6 +181,7 @@ func (l *Redis) Renew(ctx context.Context, key, id string, lease time.Duration) 
 	if v[0] != 1 {
 		return ErrNotHeld
 	}
+	l.held.Note(l.key(key), v[4]+us, v[4])
 	return nil
 }
 
@@ -186,18 +197,19 @@ func (l *Redis) Release(ctx context.Context, key, id string) error {
 var errReply = errors.New("concurrency: redis: unexpected script reply")
 
 // run runs slots.lua for key in mode and returns its four integers.
-func (l *Redis) run(ctx context.Context, key string, mode any, id string, lease any) ([4]int64, error) {
-	var v [4]int64
+func (l *Redis) run(ctx context.Context, key string, mode any, id string, lease any) ([5]int64, error) {
+	var v [5]int64
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
+	held := l.held.Arg(k)
 	var res any
 	var err error
 	if l.clock == nil {
-		res, err = slotsScript.Run(ctx, l.client, []string{k}, mode, id, lease, l.argLimit).Result()
+		res, err = slotsScript.Run(ctx, l.client, []string{k}, mode, id, lease, l.argLimit, argServerTime, held).Result()
 	} else {
 		now := strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
-		res, err = slotsScript.Run(ctx, l.client, []string{k, k + clockSuffix}, mode, id, lease, l.argLimit, now).Result()
+		res, err = slotsScript.Run(ctx, l.client, []string{k, k + clockSuffix}, mode, id, lease, l.argLimit, now, held).Result()
 	}
 	if err != nil {
 		return v, fmt.Errorf("concurrency: redis: %w", redisopt.Explain("concurrency", err))
