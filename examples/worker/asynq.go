@@ -84,6 +84,9 @@ type asynqSide struct {
 // tenants by weight with cfg.Fair.
 func startAsynq(ctx context.Context, cfg config, queue string, tenants []string, weight func(string) float64, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, cl *closers) (*asynqSide, error) {
 	redisURL, reservations, work := cfg.RedisURL, cfg.Reservations, cfg.Work
+	if cfg.BrokerURL != "" {
+		redisURL = cfg.BrokerURL
+	}
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, fmt.Errorf("-redis: %w", err)

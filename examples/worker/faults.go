@@ -19,6 +19,14 @@ const (
 	// faultPauseRedis stops the redis-server of -redis local (SIGSTOP)
 	// for redisPauseFor, then continues it (SIGCONT): a hung server.
 	faultPauseRedis = "pause-redis"
+	// faultFlushRedis runs FLUSHALL on the limiters' redis-server of
+	// -redis local: every window, bucket, slot and quota hash is gone at
+	// once while their units still count.
+	faultFlushRedis = "flush-redis"
+	// faultRestartRedisEmpty kills the limiters' redis-server (SIGKILL)
+	// and starts it again without its data, redisEmptyDownFor later: a
+	// restart without persistence, or a failover to an empty replica.
+	faultRestartRedisEmpty = "restart-redis-empty"
 	// faultKillWorker kills one worker process of -instances (SIGKILL);
 	// the others take over its messages (the server redelivers them
 	// after AckWait) and a replacement starts workerReplaceAfter later.
@@ -30,12 +38,20 @@ const (
 
 // faultKinds are the kinds -faults accepts, in the order the usage lists
 // them.
-var faultKinds = []string{faultKillRedis, faultPauseRedis, faultKillWorker, faultRestartNATS}
+var faultKinds = []string{faultKillRedis, faultPauseRedis, faultFlushRedis, faultRestartRedisEmpty, faultKillWorker, faultRestartNATS}
+
+// losesRedisData reports whether kinds lose the limiters' Redis data: a
+// run with one keeps asynq's queues on a redis-server of their own, since
+// losing them would lose jobs, not test the limiters.
+func losesRedisData(kinds []string) bool {
+	return slices.Contains(kinds, faultFlushRedis) || slices.Contains(kinds, faultRestartRedisEmpty)
+}
 
 // How long each fault lasts, and how they are spread.
 const (
 	redisDownFor       = 2 * time.Second
 	redisPauseFor      = 3 * time.Second
+	redisEmptyDownFor  = 150 * time.Millisecond
 	natsDownFor        = time.Second
 	workerReplaceAfter = time.Second
 	// faultGap is the least time between the recovery from one fault and
@@ -84,7 +100,7 @@ func parseFaults(list string) ([]string, error) {
 func checkFaults(kinds []string, cfg config) error {
 	for _, k := range kinds {
 		switch k {
-		case faultKillRedis, faultPauseRedis:
+		case faultKillRedis, faultPauseRedis, faultFlushRedis, faultRestartRedisEmpty:
 			if cfg.RedisURL != redisLocal {
 				return fmt.Errorf("-faults %s needs -redis local: the worker can only kill or pause the redis-server it started (got -redis %q)", k, cfg.RedisURL)
 			}
@@ -201,6 +217,24 @@ func inject(ctx context.Context, kind string, t faultTargets) (faultMark, error)
 			return m, err
 		}
 		m.Detail = fmt.Sprintf("SIGSTOP to redis-server (pid %d), SIGCONT %v later", t.redis.pid(), redisPauseFor)
+	case faultFlushRedis:
+		if err := t.redis.flushAll(ctx); err != nil {
+			return m, err
+		}
+		m.Detail = fmt.Sprintf("FLUSHALL on redis-server %s: every limiter key gone while its units still count", t.redis.addr())
+	case faultRestartRedisEmpty:
+		pid := t.redis.pid()
+		if err := t.redis.kill(); err != nil {
+			return m, err
+		}
+		if err := t.redis.wipe(); err != nil {
+			return m, err
+		}
+		pause(ctx, redisEmptyDownFor)
+		if err := t.redis.restart(); err != nil {
+			return m, err
+		}
+		m.Detail = fmt.Sprintf("SIGKILL to redis-server (pid %d), started again without its data on %s after %v (pid %d)", pid, t.redis.addr(), redisEmptyDownFor, t.redis.pid())
 	case faultKillWorker:
 		victim, pid, err := t.procs.killOne()
 		if err != nil {

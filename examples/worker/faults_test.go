@@ -23,6 +23,7 @@ func TestParseFaults(t *testing.T) {
 	}{
 		{name: "none", list: ""},
 		{name: "all", list: "kill-redis, pause-redis,kill-worker,restart-nats", want: []string{"kill-redis", "pause-redis", "kill-worker", "restart-nats"}},
+		{name: "data loss", list: "flush-redis,restart-redis-empty", want: []string{"flush-redis", "restart-redis-empty"}},
 		{name: "unknown", list: "kill-redis,crash", err: `-faults: "crash" is not one of`},
 		{name: "twice", list: "kill-redis,kill-redis", err: "kill-redis is listed twice"},
 	}
@@ -52,6 +53,8 @@ func TestRunFaultsRefused(t *testing.T) {
 	}{
 		{name: "kill-redis without -redis local", set: func(c *config) { c.Faults = "kill-redis"; c.RedisURL = "redis://127.0.0.1:1/0" }, errHas: "-faults kill-redis needs -redis local"},
 		{name: "pause-redis without -redis", set: func(c *config) { c.Faults = "pause-redis" }, errHas: "-faults pause-redis needs -redis local"},
+		{name: "flush-redis without -redis", set: func(c *config) { c.Faults = "flush-redis" }, errHas: "-faults flush-redis needs -redis local"},
+		{name: "restart-redis-empty without -redis local", set: func(c *config) { c.Faults = "restart-redis-empty"; c.RedisURL = "redis://127.0.0.1:1/0" }, errHas: "-faults restart-redis-empty needs -redis local"},
 		{name: "kill-worker without -instances", set: func(c *config) { c.Faults = "kill-worker"; c.RedisURL = redisLocal }, errHas: "-faults kill-worker needs -instances 2 or more"},
 		{name: "restart-nats with -nats", set: func(c *config) { c.Faults = "restart-nats"; c.NATSURL = "nats://127.0.0.1:1" }, errHas: "-faults restart-nats needs the embedded nats-server"},
 	}
@@ -217,6 +220,68 @@ func TestRunFaults(t *testing.T) {
 	}
 	if !rep.OK {
 		t.Error("report not ok")
+	}
+}
+
+// TestRunLosesRedisData: flush-redis and restart-redis-empty fall while a
+// tenant is held at its limit, on NATS and asynq: the limiters see the
+// lost keys (every tenant within its bound: the report is ok), asynq's
+// queues live on a redis-server of their own, and nothing is lost.
+func TestRunLosesRedisData(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server not on PATH")
+		}
+		t.Skip("redis-server not on PATH")
+	}
+	cfg := defaultConfig()
+	cfg.JobsPath = writeJobs(t, 60, "10/1s", 40) // the burst waits for its window throughout
+	cfg.RedisURL = redisLocal
+	cfg.Faults = "flush-redis,restart-redis-empty"
+	cfg.Timeout = 60 * time.Second
+	cfg.Report = filepath.Join(t.TempDir(), "report.json")
+	var out strings.Builder
+	err := run(context.Background(), cfg, &out)
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Errorf("run: %v", err)
+	}
+	for _, want := range []string{"asynq's queues on a redis-server of their own", "flush-redis: FLUSHALL on redis-server", "restart-redis-empty: SIGKILL to redis-server", "without its data"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output lacks %q", want)
+		}
+	}
+	b, err := os.ReadFile(cfg.Report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		OK        bool `json:"ok"`
+		Consumers []struct {
+			Name    string `json:"name"`
+			Tenants []struct {
+				Tenant      string `json:"tenant"`
+				Lost        int    `json:"lost"`
+				MaxInWindow int    `json:"max_in_window"`
+				Bound       int    `json:"bound"`
+			} `json:"tenants"`
+		} `json:"consumers"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Consumers) != 2 {
+		t.Fatalf("%d consumers in the report, want nats and asynq", len(rep.Consumers))
+	}
+	for _, c := range rep.Consumers {
+		for _, tr := range c.Tenants {
+			if tr.Lost != 0 || tr.MaxInWindow > tr.Bound {
+				t.Errorf("%s %s: %d lost, %d admitted in one window (bound %d)", c.Name, tr.Tenant, tr.Lost, tr.MaxInWindow, tr.Bound)
+			}
+		}
+	}
+	if !rep.OK {
+		t.Error("report not ok: a tenant over its bound, or a job lost")
 	}
 }
 

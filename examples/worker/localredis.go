@@ -3,15 +3,19 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // redisLocal is the value of -redis that makes the worker start its own
@@ -227,6 +231,38 @@ func (r *localRedis) restart() error {
 		time.Sleep(100 * time.Millisecond) // the port may linger briefly
 	}
 	return fmt.Errorf("restart redis-server on port %d: %w", r.port, err)
+}
+
+// wipe removes the data of a stopped server (its append-only files), so
+// that restart starts it empty.
+func (r *localRedis) wipe() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		return errors.New("redis-server is running: kill it before wiping its data")
+	}
+	entries, err := os.ReadDir(r.dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(r.dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flushAll runs FLUSHALL on the server.
+func (r *localRedis) flushAll(ctx context.Context) error {
+	c := redis.NewClient(&redis.Options{Addr: r.addr()})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		return fmt.Errorf("FLUSHALL on %s: %w", r.addr(), err)
+	}
+	return nil
 }
 
 // pause stops the process (SIGSTOP): connections stay open and nothing is

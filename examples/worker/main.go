@@ -180,6 +180,7 @@ type config struct {
 	Rate      string        // default per-tenant limit, throttle.ParseRate format
 	RatesPath string        // per-tenant quotas, lines "TENANT QUOTA" (see quotas)
 	RedisURL  string        // use the Redis limiters at this URL, and run the asynq side too
+	BrokerURL string        // asynq's Redis, when not RedisURL's (set by the run, not a flag)
 	Limiter   string        // limiter family: window, bucket or hybrid
 	Burst     int           // bucket capacity; 0 means each tenant's rate Count
 	Instances int           // > 1: run that many worker processes (needs RedisURL)
@@ -252,7 +253,7 @@ func main() {
 	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks (below a quarter of the consumer's AckWait of 5s)")
 	flag.BoolVar(&cfg.Fair, "fair", cfg.Fair, "share the handlers fairly across tenants (max-min fair shares, weighted by the jobs file's \"weight\"); NATS pulls each tenant's messages from a consumer of its own when they can start. -fair=false: first come, first served, from one consumer")
 	flag.IntVar(&cfg.Handlers, "handlers", cfg.Handlers, "`N` handlers per process and consumer, NATS and asynq alike (1 to 1024)")
-	flag.StringVar(&cfg.Faults, "faults", "", "inject these faults during the run, one after the other: a comma-separated `list` of kill-redis (SIGKILL, restart on the same port 2s later) and pause-redis (SIGSTOP for 3s), which need -redis local; kill-worker (SIGKILL one worker process, a replacement starts), which needs -instances 2 or more; restart-nats (shut the embedded nats-server down and start it again on the same store)")
+	flag.StringVar(&cfg.Faults, "faults", "", "inject these faults during the run, one after the other: a comma-separated `list` of kill-redis (SIGKILL, restart on the same port 2s later), pause-redis (SIGSTOP for 3s), flush-redis (FLUSHALL) and restart-redis-empty (SIGKILL, restart without the data 150ms later), which need -redis local; kill-worker (SIGKILL one worker process, a replacement starts), which needs -instances 2 or more; restart-nats (shut the embedded nats-server down and start it again on the same store)")
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")

@@ -122,6 +122,17 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		defer fs.redis.stop() // after everything that uses it
 		cfg.RedisURL = fs.redis.url()
 		fmt.Fprintln(out, fs.redis.describe())
+		if losesRedisData(fs.kinds) && cfg.Instances == 1 {
+			// asynq keeps its queues in Redis: a fault that loses the
+			// limiters' data must not lose the jobs.
+			broker, err := startLocalRedis(true)
+			if err != nil {
+				return report{}, err
+			}
+			defer broker.stop()
+			cfg.BrokerURL = broker.url()
+			fmt.Fprintln(out, "asynq's queues on a redis-server of their own, which the faults leave alone: "+broker.describe())
+		}
 	}
 	if cfg.Instances > 1 {
 		return workInstances(ctx, cfg, stdout, jf, q, spec, fs)
