@@ -174,8 +174,8 @@
 // that with persistence (appendfsync always) or, for failovers, with
 // replicas acknowledged before a decision counts (WAIT; not done by this
 // package). A Refund or Reset in another process can make a set look lost:
-// the key then pauses for one window (never admits more). Stacked windows
-// decided in one script (AllowJoint) do not check yet.
+// the key then pauses for one window (never admits more). AllowJoint
+// (stacked windows in one script) checks each of its windows the same way.
 //
 // # Keys
 //

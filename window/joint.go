@@ -52,7 +52,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	ws := make([]*Redis, len(parts))
 	limits := make([]int, len(parts))
 	rkeys := make([]string, 0, 3*len(parts))
-	args := make([]any, 5, 5+2*len(parts))
+	args := make([]any, 5, 5+3*len(parts))
 	for i, p := range parts {
 		w, ok := p.(*Redis)
 		if !ok || !same(w.client, l.client) || !sameClock(w.clock, l.clock) || (w.server != nil && len(parts) > 1) {
@@ -65,7 +65,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 		ws[i], limits[i] = w, r.Count
 		k := w.key(keys[i])
 		rkeys = append(rkeys, k, k+floorSuffix, k+pause.Suffix)
-		args = append(args, strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count))
+		args = append(args, strconv.FormatInt(r.PerMicros(), 10), strconv.Itoa(r.Count), w.held.Arg(k))
 	}
 	if !oneSlot(l.client, rkeys) {
 		return nil, false, nil
@@ -94,11 +94,18 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	if len(vals) == 1 && vals[0] == -1 {
 		return nil, false, errLate
 	}
-	if len(vals) != replyInts*len(parts) {
+	if len(vals) != replyInts*len(parts)+1 { // and now
 		return nil, false, fmt.Errorf("%w: %v", errReply, vals)
+	}
+	now, admitted := vals[len(vals)-1], true
+	for i := range parts {
+		admitted = admitted && vals[replyInts*i] > 0
 	}
 	ds := make([]throttle.Decision, len(parts))
 	for i := range ds {
+		if reset := vals[replyInts*i+2]; admitted && reset > 0 { // the units written in every part
+			ws[i].held.Note(rkeys[3*i], now+reset, now)
+		}
 		if err := decisions(vals[replyInts*i:replyInts*(i+1)], ds[i:i+1], limits[i]); err != nil {
 			return nil, false, err
 		}

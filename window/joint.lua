@@ -17,8 +17,12 @@
 -- ARGV[5]     with the server's TIME: an instant, µs, after which the
 --             script applies nothing and returns {-1} (its caller has
 --             given up: see window.lua). "": none.
--- ARGV[4+2i]  window i, µs.
--- ARGV[5+2i]  limit i.
+-- ARGV[3+3i]  window i, µs.
+-- ARGV[4+3i]  limit i.
+-- ARGV[5+3i]  held i: an instant, µs, until which the caller knows window
+--             i's set holds a unit (0: none known); a set empty before
+--             then was lost, and window i is paused for a window, as
+--             window.lua's "Lost sets" says.
 --
 -- With a client clock, now is clamped to the newest floor of them all.
 -- Each window first drops what left it. n fits in a window when count + n
@@ -28,7 +32,8 @@
 -- window's expiry extended (PEXPIRE NX and GT, as window.lua) and, with a
 -- client clock, its floor set.
 --
--- Returns, per window, three integers as window.lua's replies (putReply
+-- Returns, per window, three integers as window.lua's replies, then now
+-- (putReply
 -- in units.lua): code = remaining + 1 when it fits, else -(remaining +
 -- 1); retry_us, negated when ahead; reset_us. remaining = limit - units
 -- after the request (when it fits) or now; retry_us, when it does not
@@ -99,15 +104,20 @@ local counts = {}
 local all = true
 for i = 1, parts do
 	local key = KEYS[3 * i - 2]
-	local window = tonumber(ARGV[4 + 2 * i]) + slack
-	local nominal = tonumber(ARGV[4 + 2 * i])
-	local limit = tonumber(ARGV[5 + 2 * i])
+	local window = tonumber(ARGV[3 + 3 * i]) + slack
+	local nominal = tonumber(ARGV[3 + 3 * i])
+	local limit = tonumber(ARGV[4 + 3 * i])
 	redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
 	local count = redis.call("ZCARD", key)
 	counts[i] = count
 	local top = newestScore(key, now)
 	local pausedUntil = tonumber(redis.call("GET", KEYS[3 * i]))
 	local paused = pausedUntil and pausedUntil > now
+	if not paused and count == 0 and tonumber(ARGV[5 + 3 * i]) > now then
+		-- Lost (window.lua's "Lost sets"): recovering for a window.
+		pausedUntil, paused = now + window, true
+		redis.call("SET", KEYS[3 * i], string.format("%d", pausedUntil), "PX", math.ceil(window / 1000))
+	end
 	local fits = not paused and (count + n <= limit or (top > now and fitsNow(key, window, limit)))
 	local r = 3 * (i - 1)
 	if paused then
@@ -131,12 +141,13 @@ for i = 1, parts do
 	end
 end
 if not all then
+	res[#res + 1] = now
 	return res
 end
 
 for i = 1, parts do
 	local key = KEYS[3 * i - 2]
-	local window = tonumber(ARGV[4 + 2 * i]) + slack
+	local window = tonumber(ARGV[3 + 3 * i]) + slack
 	local members = {}
 	for j = 1, n do
 		members[j] = unitName(nil, j, n, base) -- units.lua
@@ -150,4 +161,5 @@ for i = 1, parts do
 		redis.call("SET", KEYS[3 * i - 1], now, "PX", ms)
 	end
 end
+res[#res + 1] = now
 return res

@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -22,21 +23,64 @@ import (
 func TestRedisLostSetNeverOverAdmits(t *testing.T) {
 	srv := redistest.Start(t)
 	prefix := freshPrefix()
-	var limiters []*Redis
+	var deciders []func() (throttle.Decision, error)
 	for range 3 {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		l, err := NewRedis(c, throttle.PerSecond(100), WithPrefix(prefix), WithTimeout(redistest.CallTimeout))
-		if err != nil {
-			t.Fatal(err)
-		}
-		limiters = append(limiters, l)
+		l := newLostTestRedis(t, newLostTestClient(t, srv), prefix, throttle.PerSecond(100))
+		deciders = append(deciders, func() (throttle.Decision, error) { return l.Allow(context.Background(), "k") })
 	}
+	checkLossNeverOverAdmits(t, srv, deciders)
+}
+
+// TestRedisLostJointNeverOverAdmits is TestRedisLostSetNeverOverAdmits for
+// stacked windows decided in one script (AllowJoint): 100/1s per key under
+// a roomy 1000/1s for all.
+func TestRedisLostJointNeverOverAdmits(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := freshPrefix()
+	var deciders []func() (throttle.Decision, error)
+	for range 3 {
+		c := newLostTestClient(t, srv)
+		key := newLostTestRedis(t, c, prefix+"key:", throttle.PerSecond(100))
+		all := newLostTestRedis(t, c, prefix+"all:", throttle.PerSecond(1000))
+		parts := []throttle.Limiter{key, all}
+		deciders = append(deciders, func() (throttle.Decision, error) {
+			ds, ok, err := key.AllowJoint(context.Background(), parts, []string{"k", "all"}, 1)
+			if err != nil || !ok {
+				return throttle.Decision{}, fmt.Errorf("AllowJoint: %v, joint %v", err, ok)
+			}
+			return throttle.Decision{Allowed: ds[0].Allowed && ds[1].Allowed}, nil
+		})
+	}
+	checkLossNeverOverAdmits(t, srv, deciders)
+}
+
+// newLostTestClient returns a client of its own to srv, as a process of
+// its own would have.
+func newLostTestClient(t *testing.T, srv *redistest.Server) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func newLostTestRedis(t *testing.T, c *redis.Client, prefix string, r throttle.Rate) *Redis {
+	t.Helper()
+	l, err := NewRedis(c, r, WithPrefix(prefix), WithTimeout(redistest.CallTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// checkLossNeverOverAdmits runs 8 goroutines on each decider (a process)
+// while srv is killed, restarted empty and flushed, and fails if any 1 s
+// window (less the callers' slop) saw more than 100 admissions.
+func checkLossNeverOverAdmits(t *testing.T, srv *redistest.Server, deciders []func() (throttle.Decision, error)) {
+	t.Helper()
 	var mu sync.Mutex
 	var admitted []time.Time
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for _, l := range limiters {
+	for _, decide := range deciders {
 		for range 8 {
 			wg.Add(1)
 			go func() {
@@ -47,7 +91,7 @@ func TestRedisLostSetNeverOverAdmits(t *testing.T) {
 						return
 					default:
 					}
-					d, err := l.Allow(context.Background(), "k")
+					d, err := decide()
 					if err != nil {
 						time.Sleep(5 * time.Millisecond) // Redis is down
 						continue
