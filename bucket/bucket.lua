@@ -78,12 +78,12 @@ local function take(s, a, g)
 	local held = tonumber(ARGV[a + 3])
 	local first, last = a + 5, a + 4 + 2 * tonumber(ARGV[a + 4])
 
-	local credit, ts = refill(key, per, count, cap, now) -- convert.lua
+	local credit, ts, missing = refill(key, per, count, cap, now) -- convert.lua
 
 	-- Paused (Pause): take nothing, write nothing.
 	local pausedUntil = tonumber(pauses[g])
 	local paused = pausedUntil and pausedUntil > now
-	local lost = not paused and held > now and redis.call("EXISTS", key) == 0
+	local lost = not paused and held > now and missing
 	if lost then
 		credit, ts = 0, now
 	end

@@ -65,7 +65,7 @@ local maxdebt = tonumber(ARGV[7])
 local memory = tonumber(ARGV[8])
 local held = tonumber(ARGV[10])
 
-local credit, ts = refill(key, per, count, cap, clock(ARGV[9])) -- convert.lua
+local credit, ts, missing = refill(key, per, count, cap, clock(ARGV[9])) -- convert.lua
 local now = ts
 
 -- Paused (Pause): reject, write nothing.
@@ -106,7 +106,7 @@ local function save(c)
 	store(key, c, ts, per, ceildiv(cap - c, count * 1000)) -- convert.lua
 end
 
-if held > now and redis.call("EXISTS", key) == 0 then
+if held > now and missing then
 	-- Lost: empty, not full, for every process.
 	credit = 0
 	save(credit)

@@ -91,14 +91,14 @@ local function clock(arg)
 end
 
 -- refill reads the bucket at key at now and returns its credit (counted
--- in per: convert) and the instant it is read at. A missing bucket is full
--- at now. Else the credit grows by count per µs
+-- in per: convert), the instant it is read at, and whether the key was
+-- missing. A missing bucket is full at now. Else the credit grows by count per µs
 -- since the stored ts, up to cap; a now before ts counts as no time
 -- passing, and the instant is ts (stored time never moves backwards).
 local function refill(key, per, count, cap, now)
 	local credit, ts, sp = load(key)
 	if credit == nil or ts == nil then
-		return cap, now
+		return cap, now, true
 	end
 	credit = convert(credit, sp, per, cap)
 	if now > ts then

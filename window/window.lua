@@ -166,11 +166,6 @@ local function decideKey(s, a, g)
 		end
 	end
 	local pausedUntil = tonumber(got[2 * g])
-	if held > now and not (pausedUntil and pausedUntil > now) and redis.call("EXISTS", key) == 0 then
-		-- Lost (see "Lost sets" above): recovering for a window.
-		pausedUntil = now + window
-		redis.call("SET", KEYS[s + 3], str(pausedUntil), "PX", math.ceil(window / 1000))
-	end
 	-- The schedule (KEYS[2]): newestReserved bounds every reserved unit
 	-- from above; hintT (false: none), hintC and hintD are the hint.
 	local newestReserved, hintT, hintC, hintD = 0, false, 0, 0
@@ -197,7 +192,7 @@ local function decideKey(s, a, g)
 
 	-- Paused (Pause): reject every request, writing nothing; retry_after is
 	-- the time left, reset_after covers the newest unit as well.
-	if pausedUntil and pausedUntil > now then
+	local function rejectPaused()
 		local left = pausedUntil - now
 		local reset = left
 		local top = newestScore(key, nil)
@@ -208,7 +203,19 @@ local function decideKey(s, a, g)
 			local j = #out
 			putReply(out, j, false, 0, left, reset, false)
 		end
+	end
+	if pausedUntil and pausedUntil > now then
+		rejectPaused()
 		return
+	end
+
+	-- Lost (see "Lost sets" above): the set holds no unit while held says
+	-- one counts. The fast path's count tells; else one EXISTS does.
+	local suspect = held > now
+	local function lose()
+		pausedUntil = now + window
+		redis.call("SET", KEYS[s + 3], str(pausedUntil), "PX", math.ceil(window / 1000))
+		rejectPaused()
 	end
 
 	-- The fast path: a batch of AllowN and AllowID requests with new ids
@@ -286,6 +293,11 @@ local function decideKey(s, a, g)
 			else
 				count = redis.call("ZCOUNT", key, "(" .. str(now - window), "+inf")
 			end
+			if suspect and count == 0 then
+				lose()
+				return
+			end
+			suspect = false
 			if count + total <= limit and not (probe and redis.call("ZADD", key, "NX", str(now), probe) == 0) then
 				local members = {}
 				local reset = newestAfter(key, newestReserved, now) + nominal - now
@@ -323,6 +335,11 @@ local function decideKey(s, a, g)
 				return
 			end
 		end
+	end
+
+	if suspect and redis.call("EXISTS", key) == 0 then
+		lose()
+		return
 	end
 
 	local function newestUnit()
