@@ -106,6 +106,32 @@ func BenchmarkRedisBucket(b *testing.B) {
 	})
 }
 
+// BenchmarkLossCheck weighs the lost-bucket check (see "Lost buckets"):
+// the same decisions with it and without; compare the two in one run.
+func BenchmarkLossCheck(b *testing.B) {
+	ctx := context.Background()
+	for _, check := range []bool{true, false} {
+		name := "check"
+		if !check {
+			name = "off"
+		}
+		l := newBenchRedis(b)
+		l.held.Off = !check
+		b.Run(name+"/one-key", func(b *testing.B) {
+			benchtest.SeqAndParallel(b, benchParallelism, func(int) error {
+				_, err := l.AllowN(ctx, "key", 1)
+				return err
+			})
+		})
+		b.Run(name+"/many-keys", func(b *testing.B) {
+			benchtest.SeqAndParallel(b, benchParallelism, func(i int) error {
+				_, err := l.AllowN(ctx, benchtest.Keys[i%len(benchtest.Keys)], 1)
+				return err
+			})
+		})
+	}
+}
+
 // BenchmarkRedisBucketBatch decides AllowBatch's batches over 1,024 keys:
 // compare its ns/decision with BenchmarkRedisBucketKeys/parallel.
 func BenchmarkRedisBucketBatch(b *testing.B) {

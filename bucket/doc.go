@@ -200,7 +200,8 @@
 // writes behind, appendfsync everysec) leaves an older bucket, and a
 // Reset in another process or a quota change can make a bucket look lost
 // (it then starts empty: never more tokens). Bound partial losses with
-// persistence or WAIT, as for windows (see the window package).
+// persistence or WAIT, as for windows (see the window package). With
+// WithClock the check is off, as for windows.
 //
 // # Coalescing
 //

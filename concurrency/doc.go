@@ -76,7 +76,8 @@
 // lease, so no slot is given beside them (tested: 3 limiters x 8
 // goroutines, 5 slots, Redis restarted empty and flushed: at most 5 held,
 // 8 without). A brand-new key costs nothing; a process that was given no
-// lease within the last lease cannot tell.
+// lease within the last lease cannot tell. With WithClock the check is
+// off: Redis expires keys on its own time.
 // The instant is the Redis server's TIME, so every worker shares one
 // clock, unless [WithClock] is given: then the client's time is sent, and
 // the script keeps the latest instant used on the key in a second key (the

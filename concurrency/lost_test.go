@@ -85,3 +85,30 @@ func TestRedisLostSlotsNeverOverAdmit(t *testing.T) {
 		t.Fatalf("only %d slots given in 3.85 s: a loss should cost about a lease, not the run", admitted.Load())
 	}
 }
+
+// TestRedisMarkerIDs: ids that look like slots.lua's own members are ids
+// like any other: they take a slot, and releasing them frees only theirs.
+func TestRedisMarkerIDs(t *testing.T) {
+	l := newTestRedis(t, redistest.Shared(t).Client(t), 1)
+	ctx := context.Background()
+	if d, err := l.Acquire(ctx, "k", "a", 10*time.Second); err != nil || !d.Allowed {
+		t.Fatalf("Acquire(a) = %+v, %v", d, err)
+	}
+	for _, id := range []string{"\x00alive", "\x00lost:1", "\x00"} {
+		if d, err := l.Acquire(ctx, "k", id, 10*time.Second); err != nil || d.Allowed {
+			t.Errorf("Acquire(%q) beside the only slot's holder = %+v, %v; want rejected", id, d, err)
+		}
+		if err := l.Release(ctx, "k", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, err := l.Acquire(ctx, "k", "b", 10*time.Second); err != nil || d.Allowed {
+		t.Errorf("Acquire(b) while a holds the slot = %+v, %v; want rejected", d, err)
+	}
+	if err := l.Release(ctx, "k", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Acquire(ctx, "k", "\x00alive", 10*time.Second); err != nil || !d.Allowed {
+		t.Errorf("Acquire(\\x00alive) of a free slot = %+v, %v; want admitted", d, err)
+	}
+}

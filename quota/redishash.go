@@ -90,7 +90,8 @@ const failReportEvery = 5 * time.Second
 // key never seen valid), reported as a *FieldError naming the field and
 // value, once per bad value. A hash that reads empty after it was read
 // with fields is taken as lost, not emptied: every quota last read stays
-// until the hash is written again, reported once as a *LostError. To
+// until the hash is written again (a Set or Delete of this RedisHash
+// writes them all back), reported once as a *LostError. To
 // empty it on purpose, Delete its fields (Delete and Set keep the Marker
 // field in it), or leave any field of your own in it. Failures go to
 // WithErrorHandler and WithLogger.
@@ -178,7 +179,7 @@ func (h *RedisHash) Set(ctx context.Context, key string, q throttle.Quota) error
 		return &throttle.OptionError{Field: "key", Reason: fmt.Sprintf("%q is the hash's marker field", Marker)}
 	}
 	v := q.String()
-	if err := h.client.HSet(ctx, h.key, key, v, Marker, "1").Err(); err != nil {
+	if err := h.client.HSet(ctx, h.key, h.restoring(key, key, v, Marker, "1")...).Err(); err != nil {
 		return fmt.Errorf("quota: redis: %w", err)
 	}
 	h.apply(func(raw map[string]string) { raw[key] = v })
@@ -194,7 +195,7 @@ func (h *RedisHash) Delete(ctx context.Context, key string) error {
 	if key == Marker {
 		return &throttle.OptionError{Field: "key", Reason: fmt.Sprintf("%q is the hash's marker field", Marker)}
 	}
-	if err := h.client.HSet(ctx, h.key, Marker, "1").Err(); err != nil {
+	if err := h.client.HSet(ctx, h.key, h.restoring(key, Marker, "1")...).Err(); err != nil {
 		return fmt.Errorf("quota: redis: %w", err)
 	}
 	if err := h.client.HDel(ctx, h.key, key).Err(); err != nil {
@@ -202,6 +203,24 @@ func (h *RedisHash) Delete(ctx context.Context, key string) error {
 	}
 	h.apply(func(raw map[string]string) { delete(raw, key) })
 	return nil
+}
+
+// restoring returns values (HSET's field-value pairs), and while the hash
+// is lost the fields last read but key's too: the first write after a
+// loss puts back every quota kept in force, so that one Set does not drop
+// the others.
+func (h *RedisHash) restoring(key string, values ...any) []any {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.lost {
+		return values
+	}
+	for f, v := range h.raw {
+		if f != key && f != Marker {
+			values = append(values, f, v)
+		}
+	}
+	return values
 }
 
 // Refresh reads the hash now (HGETALL, bounded by ctx and WithTimeout) and

@@ -219,7 +219,22 @@ func TestRedisHashLost(t *testing.T) {
 	assert.Equal(t, 2, le.Kept)
 	mu.Unlock()
 
-	// Written again: the hash is what it says.
+	// Set while lost writes back every quota kept, beside its own.
+	require.NoError(t, h.Set(ctx, "c", throttle.Quota{Rate: throttle.PerSecond(7)}))
+	require.NoError(t, h.Refresh(ctx))
+	assert.Equal(t, throttle.Quota{Rate: throttle.PerSecond(2)}, h.Quota("a"))
+	assert.True(t, h.Quota("b").IsBlocked(), "one Set does not drop the kept quotas")
+	assert.Equal(t, throttle.Quota{Rate: throttle.PerSecond(7)}, h.Quota("c"))
+	assert.Equal(t, "0/1s", admin.HGet(ctx, key, "b").Val())
+	require.NoError(t, admin.Del(ctx, key).Err())
+	require.NoError(t, h.Refresh(ctx))
+	mu.Lock()
+	require.Len(t, errs, 2, "lost again after it was written: reported again")
+	require.ErrorAs(t, errs[1], &le)
+	assert.Equal(t, 3, le.Kept)
+	mu.Unlock()
+
+	// Written again from elsewhere: the hash is what it says.
 	require.NoError(t, admin.HSet(ctx, key, "a", "4/1s").Err())
 	require.NoError(t, h.Refresh(ctx))
 	assert.Equal(t, throttle.Quota{Rate: throttle.PerSecond(4)}, h.Quota("a"))
@@ -233,7 +248,7 @@ func TestRedisHashLost(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "the marker keeps the hash")
 	mu.Lock()
-	assert.Len(t, errs, 1, "an emptied hash is not reported lost")
+	assert.Len(t, errs, 2, "an emptied hash is not reported lost")
 	mu.Unlock()
 	err = h.Set(ctx, quota.Marker, throttle.Quota{Rate: throttle.PerSecond(1)})
 	assert.ErrorIs(t, err, throttle.ErrInvalidOption)

@@ -176,6 +176,8 @@
 // package). A Refund or Reset in another process can make a set look lost:
 // the key then pauses for one window (never admits more). AllowJoint
 // (stacked windows in one script) checks each of its windows the same way.
+// With WithClock the check is off: Redis expires keys on its own time, so
+// under a client clock slower than it an expiry would look like a loss.
 //
 // # Keys
 //

@@ -310,3 +310,23 @@ func TestReportExplainsAsynqFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestVerdictNamesOverLimit: a run that handled every job once but let a
+// tenant over its bound, or over the in-flight limit, ends with FAIL
+// naming it, never OK.
+func TestVerdictNamesOverLimit(t *testing.T) {
+	rep := report{Consumer: consumerNATS, Jobs: 2, InFlight: 2, Tenants: []tenantReport{
+		{Tenant: "acme", MaxInWindow: 22, Bound: 20, BoundText: "limit 20"},
+		{Tenant: "hooli", MaxInWindow: 5, Bound: 20, BoundText: "limit 20", MaxInFlight: 3},
+	}}
+	got := rep.verdict()
+	for _, want := range []string{"FAIL: over the limit", "acme 22 in one window (limit 20)", "hooli 3 in flight (limit 2)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("verdict = %q, want it to contain %q", got, want)
+		}
+	}
+	rep.Tenants[0].MaxInWindow, rep.Tenants[1].MaxInFlight = 20, 2
+	if got := rep.verdict(); !strings.HasPrefix(got, "OK: ") {
+		t.Errorf("verdict within the limits = %q, want OK", got)
+	}
+}

@@ -664,6 +664,9 @@ func (rep report) printTable(w io.Writer, heading string) {
 
 // verdict is the last line of the summary: OK, or FAIL and why.
 func (rep report) verdict() string {
+	if over := rep.overLimits(); over != "" {
+		return "FAIL: over the limit: " + over
+	}
 	if rep.Asynq == nil {
 		by := ""
 		if rep.Instances > 0 {
@@ -692,6 +695,26 @@ func (rep report) verdict() string {
 		archived = "unknown"
 	}
 	return fmt.Sprintf("FAIL: not every job handled exactly once: NATS: %s; asynq: %s, %s archived", rep.failures(), a.failures(), archived)
+}
+
+// overLimits names the tenants, per consumer, that went over their
+// limiter's bound or (with -inflight) the in-flight limit; "" for none.
+func (rep report) overLimits() string {
+	var over []string
+	for _, r := range []*report{&rep, rep.Asynq} {
+		if r == nil {
+			continue
+		}
+		for _, t := range r.Tenants {
+			if t.Over() {
+				over = append(over, fmt.Sprintf("%s %s %d in one window (%s)", r.Consumer, t.Tenant, t.MaxInWindow, t.BoundText))
+			}
+			if t.OverInFlight(r.InFlight) {
+				over = append(over, fmt.Sprintf("%s %s %d in flight (limit %d)", r.Consumer, t.Tenant, t.MaxInFlight, r.InFlight))
+			}
+		}
+	}
+	return strings.Join(over, "; ")
 }
 
 // failures says which jobs were not handled exactly once.
