@@ -503,6 +503,12 @@ func (h *Hybrid) decision(e *hybridKey, now time.Time, n int, allowed bool, retr
 // viaRedis decides with a Redis call, shared with any in flight for the
 // key. It is entered with s locked and leaves it unlocked.
 func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n int) (throttle.Decision, error) {
+	// A caller that found a call in flight waits for it; if others took
+	// what it brought, it may wait for the next, but only within the
+	// timeout: then it is rejected until the refill could serve it, so
+	// no decision waits on a line of calls (one waited 8 s under a slow
+	// Redis, 16 goroutines on one key).
+	giveUp := time.Now().Add(h.timeout)
 	for {
 		if c := e.call; c != nil {
 			s.mu.Unlock()
@@ -526,6 +532,10 @@ func (h *Hybrid) viaRedis(ctx context.Context, s *hybridShard, e *hybridKey, n i
 				}
 				if wait := h.emptyWait(e, now, n-e.stock); wait > 0 {
 					return h.redisDecision(ctx, s, e, now, n, false, wait), nil
+				}
+				if time.Now().After(giveUp) {
+					wait := refillTime(e.lim, float64(n-e.stock))
+					return h.redisDecision(ctx, s, e, now, n, false, max(throttle.CeilMillisecond(wait), time.Millisecond)), nil
 				}
 			}
 			continue

@@ -241,23 +241,27 @@ const (
 	callDone
 )
 
-// bounded runs f with a deadline of the timeout and returns when f does or
-// when the deadline passes, whichever is first: the client's own handling
-// of the deadline (go-redis adds a millisecond or two, and sometimes far
-// more while it replaces a connection) never delays a decision. An
-// abandoned call finishes in the background; tokens it leased after all
-// are given back. After Close has begun, f runs inline.
+// bounded runs f and returns when f does or when the timeout passes,
+// whichever is first: the client's own handling of the deadline (go-redis
+// adds a millisecond or two, and sometimes far more while it replaces a
+// connection) never delays a decision. An abandoned call finishes in the
+// background, with one round trip more for its reply (the Redis limiter's
+// grace: a reply on its way is read, and the connection kept); tokens it
+// leased after all are given back. After Close has begun, f runs inline.
 func (h *Hybrid) bounded(ctx context.Context, op int, key string, f func(context.Context) (grant, error)) (grant, error) {
+	fctx, fcancel := context.WithTimeout(ctx, h.timeout+h.redis.rt.Grace())
+	if !h.track() {
+		defer fcancel()
+		return f(fctx)
+	}
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
-	if !h.track() {
-		return f(ctx)
-	}
 	var state atomic.Int32
 	ch := make(chan callResult, 1)
 	go func() {
 		defer h.wg.Done()
-		g, err := f(ctx)
+		defer fcancel()
+		g, err := f(fctx)
 		if state.CompareAndSwap(callPending, callDone) {
 			ch <- callResult{g, err}
 			return

@@ -94,6 +94,18 @@ func WithPrefix(p string) Option {
 // WriteTimeout are both within the timeout (the rule every Redis limiter of
 // this module applies). The deadline also covers waiting for a pooled
 // connection. See the package documentation. Local ignores it.
+//
+// A call whose reply is on its way at the timeout waits one round trip
+// more (its grace: the moving average of this limiter's round trips, at
+// most 2 x the timeout, and that most before the first reply), so that
+// go-redis keeps the connection rather than retire it (a new one takes 3
+// round trips of handshake: with a round trip near the timeout, no call
+// would succeed again). A call returns within the timeout plus its
+// grace. A timeout while the measured round trip is longer than the
+// timeout is a *throttle.SlowStoreError (throttle.ErrSlowStore), which
+// says the timeout to set.
+// The Hybrid stops waiting at the timeout; its call finishes in the
+// background within the grace, and tokens it leased are given back.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(cfg *config) error {
 		if err := deadline.Check(d); err != nil {

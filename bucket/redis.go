@@ -78,6 +78,7 @@ type Redis struct {
 	clock   throttle.Clock    // nil: Redis TIME
 	server  *redisclock.Clock // WithServerClock: clock is it; nil otherwise
 	timeout time.Duration
+	rt      *deadline.RoundTrip
 
 	argInt []any // argInt[i] = strconv.Itoa(i), for small i
 
@@ -129,16 +130,17 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 		prefix:  cfg.prefix,
 		clock:   cfg.clock,
 		timeout: cfg.timeout,
+		rt:      deadline.NewRoundTrip(cfg.timeout),
 		argInt:  make([]any, maxArgInt+1),
 	}
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
 	}
-	l.calls = &redisscript.Grouped[[]*takeCall]{Script: takeScript, Client: c, Build: l.command, Settle: l.settle}
+	l.calls = &redisscript.Grouped[[]*takeCall]{Script: takeScript, Client: c, Build: l.command, Settle: l.settle, RoundTrip: l.rt}
 	if _, standalone := c.(*redis.Client); !standalone {
 		l.calls.OneKeyPerCall()
 	}
-	l.batch = coalesce.New(l.timeout, maxBatch, l.takeOne, l.takeMany)
+	l.batch = coalesce.New(l.rt.Shared(), maxBatch, l.takeOne, l.takeMany)
 	// Redis expires keys on its own time: with a client clock that runs
 	// slower (a test's), an expiry would look like a loss.
 	l.held.Off = cfg.clock != nil
@@ -280,7 +282,7 @@ func (l *Redis) giveBack(ctx context.Context, key string, lim *keyLimits, n int)
 		return nil
 	}
 	n = minInt(n, lim.p.burst)
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	ctx, cancel := l.rt.Bound(ctx)
 	defer cancel()
 	if err := l.ready(ctx); err != nil {
 		return err

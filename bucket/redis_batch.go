@@ -108,7 +108,7 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 	}
 	args := append(takeScript.Start(make([]any, 0, 13)), argKeys2, r.key, r.pause, l.now())
 	cmd := redis.NewIntSliceCmd(ctx, append(args, r.lim.argPer, r.lim.argCount, r.lim.argCap, l.held.Arg(r.key), argOne, r.argMin, r.argMax)...)
-	if err := takeScript.Run(ctx, l.client, cmd); err != nil {
+	if err := takeScript.RunTimed(ctx, l.client, cmd, l.rt); err != nil {
 		return taken{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	var t [1]taken

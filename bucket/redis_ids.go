@@ -10,10 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/blocked"
-	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
+	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -73,7 +73,7 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	if horizon < 0 {
 		return throttle.Decision{}, errHorizon(horizon)
 	}
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	ctx, cancel := l.rt.Bound(ctx)
 	defer cancel()
 	if err := l.ready(ctx); err != nil {
 		return throttle.Decision{}, err
@@ -81,9 +81,10 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	k := rediskey.Key(l.prefix, key)
 	keys := []string{k, k + idsSuffix, k + pause.Suffix}
 	h := strconv.FormatInt(horizonMicros(horizon), 10)
+	start := time.Now()
 	cmd := idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, l.now(), l.held.Arg(k))
 	res, err := cmd.Result()
-	if err != nil {
+	if err = l.observe(start, res, err); err != nil {
 		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
@@ -129,4 +130,17 @@ func (l *Redis) ready(ctx context.Context) error {
 		return fmt.Errorf("bucket: redis: %w", err)
 	}
 	return nil
+}
+
+// observe records in l's RoundTrip a call of bucket_id.lua sent at start
+// that replied res (its last integer the script's instant) or failed with
+// err, and returns err explained.
+func (l *Redis) observe(start time.Time, res any, err error) error {
+	var v []int64
+	if vals, ok := res.([]any); ok && len(vals) > 0 {
+		if now, ok := vals[len(vals)-1].(int64); ok {
+			v = []int64{0, now}
+		}
+	}
+	return redisscript.Observe(l.rt, start, v, err)
 }

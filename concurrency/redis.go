@@ -65,7 +65,8 @@ type Redis struct {
 	prefix   string
 	clock    throttle.Clock // nil: Redis TIME
 	timeout  time.Duration  // per call
-	argLimit any            // limit as an ARGV string, boxed once
+	rt       *deadline.RoundTrip
+	argLimit any // limit as an ARGV string, boxed once
 	lastArg  atomic.Pointer[leaseArg]
 	held     lost.Held // until when the sets this process was given slots in live, to tell a lost one
 }
@@ -122,6 +123,7 @@ func NewRedis(c redis.Scripter, limit int, opts ...Option) (*Redis, error) {
 		prefix:   cfg.prefix,
 		clock:    cfg.clock,
 		timeout:  cfg.timeout,
+		rt:       deadline.NewRoundTrip(cfg.timeout),
 		argLimit: strconv.Itoa(limit),
 	}
 	// Redis expires keys on its own time: with a client clock that runs
@@ -202,12 +204,13 @@ var errReply = errors.New("concurrency: redis: unexpected script reply")
 // run runs slots.lua for key in mode and returns its four integers.
 func (l *Redis) run(ctx context.Context, key string, mode any, id string, lease any) ([5]int64, error) {
 	var v [5]int64
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	ctx, cancel := l.rt.Bound(ctx)
 	defer cancel()
 	k := l.key(key)
 	held := l.held.Arg(k)
 	var res any
 	var err error
+	start := time.Now()
 	if l.clock == nil {
 		res, err = slotsScript.Run(ctx, l.client, []string{k}, mode, member(id), lease, l.argLimit, argServerTime, held).Result()
 	} else {
@@ -215,7 +218,7 @@ func (l *Redis) run(ctx context.Context, key string, mode any, id string, lease 
 		res, err = slotsScript.Run(ctx, l.client, []string{k, k + clockSuffix}, mode, member(id), lease, l.argLimit, now, held).Result()
 	}
 	if err != nil {
-		return v, fmt.Errorf("concurrency: redis: %w", redisopt.Explain("concurrency", err))
+		return v, fmt.Errorf("concurrency: redis: %w", redisopt.Explain("concurrency", l.rt.Done(start, -1, err)))
 	}
 	vals, ok := res.([]any)
 	if !ok || len(vals) != len(v) {
@@ -226,6 +229,7 @@ func (l *Redis) run(ctx context.Context, key string, mode any, id string, lease 
 			return v, fmt.Errorf("%w: %v", errReply, res)
 		}
 	}
+	l.rt.Done(start, v[4], nil) // and the server's instant
 	return v, nil
 }
 

@@ -34,4 +34,9 @@ const (
 	// limiter holds its most keys, all live (ErrTooManyKeys), labelled by
 	// throttle.algorithm.
 	KeysRefusedMetric = "throttle.keys.refused"
+	// SlowStoreMetric counts store failures that are timeouts while the
+	// store's round trip is longer than the limiter's WithTimeout
+	// (ErrSlowStore; each is in StoreErrorsMetric too), labelled by
+	// throttle.algorithm.
+	SlowStoreMetric = "throttle.store.slow"
 )

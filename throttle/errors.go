@@ -38,6 +38,12 @@ var (
 	// state is reset to make room.
 	ErrTooManyKeys = errors.New("throttle: too many live keys")
 
+	// ErrSlowStore is matched (errors.Is) by *SlowStoreError: a call to
+	// the store timed out, and its round trip is longer than the
+	// limiter's WithTimeout, so no call can succeed until one of them
+	// changes. The Gate counts such failures in SlowStoreMetric too.
+	ErrSlowStore = errors.New("throttle: store slower than the timeout")
+
 	// ErrLimited is matched (errors.Is) by every error that carries a
 	// rejection, such as *LimitedError.
 	ErrLimited = errors.New("throttle: limited")
@@ -72,6 +78,32 @@ func (e *StoreError) Is(target error) bool { return target == ErrStore }
 
 // Unwrap returns the limiter's error.
 func (e *StoreError) Unwrap() error { return e.Err }
+
+// SlowStoreError is the error of a store call that timed out while the
+// store's round trip, a moving average of the calls observed, is longer
+// than the per-call timeout. It matches ErrSlowStore with errors.Is and
+// unwraps to the call's error (a context.DeadlineExceeded).
+type SlowStoreError struct {
+	RoundTrip time.Duration // the store's round trip, as measured
+	Timeout   time.Duration // the limiter's WithTimeout
+	Err       error
+}
+
+func (e *SlowStoreError) Error() string {
+	return fmt.Sprintf("throttle: the store's round trip (%v) is longer than WithTimeout (%v), so every call times out: %v",
+		e.RoundTrip.Round(time.Millisecond), e.Timeout, e.Err)
+}
+
+// Hint says what to change, for the Gate's log.
+func (e *SlowStoreError) Hint() string {
+	return fmt.Sprintf("set the limiter's WithTimeout to about twice the store's round trip (%v), or bring the store closer", (2 * e.RoundTrip).Round(time.Millisecond))
+}
+
+// Is reports whether target is ErrSlowStore.
+func (e *SlowStoreError) Is(target error) bool { return target == ErrSlowStore }
+
+// Unwrap returns the call's error.
+func (e *SlowStoreError) Unwrap() error { return e.Err }
 
 // OptionError is a configuration error naming the field at fault. It
 // matches ErrInvalidOption with errors.Is.

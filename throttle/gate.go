@@ -45,6 +45,7 @@ type Gate struct {
 	duration        metric.Float64Histogram
 	storeErrors     metric.Int64Counter
 	keysRefused     metric.Int64Counter
+	slowStore       metric.Int64Counter
 
 	// Metric options are indexed by outcome (see outcomes) and Source.
 	// Precomputed option slices: a variadic call through an interface
@@ -113,6 +114,11 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if g.keysRefused, err = meter.Int64Counter(KeysRefusedMetric,
 		metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions for new keys refused: the in-process limiter holds its most keys, all still limited.")); err != nil {
+		return nil, err
+	}
+	if g.slowStore, err = meter.Int64Counter(SlowStoreMetric,
+		metric.WithUnit("{error}"),
+		metric.WithDescription("Store timeouts while the store's round trip is longer than the limiter's timeout: raise the timeout.")); err != nil {
 		return nil, err
 	}
 	for allowed, outcome := range outcomes {
@@ -255,6 +261,9 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 				g.keysRefused.Add(ctx, 1, g.storeErrOpt...)
 			} else {
 				g.storeErrors.Add(ctx, 1, g.storeErrOpt...)
+			}
+			if errors.Is(err, ErrSlowStore) {
+				g.slowStore.Add(ctx, 1, g.storeErrOpt...)
 			}
 		}
 		if g.logger != nil {

@@ -275,6 +275,33 @@ func TestGateTooManyKeys(t *testing.T) {
 	require.Empty(t, tel.sums(t, throttle.StoreErrorsMetric))
 }
 
+// TestGateCountsSlowStores: a timeout while the store's round trip is
+// longer than the timeout is a store failure counted as slow too.
+func TestGateCountsSlowStores(t *testing.T) {
+	tel := newTelemetry(t)
+	slow := true
+	l := throttle.LimiterFunc(func(context.Context, string, int) (throttle.Decision, error) {
+		if slow {
+			return throttle.Decision{}, fmt.Errorf("window: redis: %w", &throttle.SlowStoreError{RoundTrip: 160 * time.Millisecond, Timeout: 100 * time.Millisecond, Err: context.DeadlineExceeded})
+		}
+		return throttle.Decision{}, fmt.Errorf("window: redis: %w", context.DeadlineExceeded)
+	})
+	g, err := throttle.NewGate(l, append(tel.options(), throttle.WithAlgorithm("sliding_window_log"))...)
+	require.NoError(t, err)
+	for range 3 {
+		d, err := g.Admit(context.Background(), "k", 1)
+		require.NoError(t, err)
+		require.ErrorIs(t, d.Err, throttle.ErrSlowStore)
+		require.ErrorIs(t, d.Err, context.DeadlineExceeded)
+		require.Contains(t, d.Err.Error(), "round trip (160ms) is longer than WithTimeout (100ms)")
+	}
+	slow = false
+	_, err = g.Admit(context.Background(), "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"sliding_window_log": 3}, tel.sums(t, throttle.SlowStoreMetric))
+	require.Equal(t, map[string]int64{"sliding_window_log": 4}, tel.sums(t, throttle.StoreErrorsMetric))
+}
+
 func TestGateUsageErrorsAreNotPolicyDecisions(t *testing.T) {
 	tel := newTelemetry(t)
 	lim, err := window.NewMemory(throttle.PerSecond(5))

@@ -15,9 +15,10 @@ import (
 // once and then 2 per second, each with the number of failures left
 // unlogged since the previous one. A failure that will not go away by
 // itself (the limiter's error carries a hint, such as a Redis that does
-// not let scripts call TIME; or the same error on 3 decisions in a row) is
+// not let scripts call TIME, or a store whose round trip is longer than
+// the limiter's timeout; or the same error on 3 decisions in a row) is
 // also logged once at level Error, with the way out, once per distinct
-// error text (up to 32 texts per Gate). By default the Gate logs nothing.
+// error text (up to 32 texts per Gate; once for all slow-store errors). By default the Gate logs nothing.
 // Nil keeps the default.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *gateConfig) error {
@@ -76,7 +77,11 @@ func (g *Gate) logFailure(ctx context.Context, key string, err error) {
 	if errors.As(err, &h) {
 		hint = h.Hint()
 	}
-	if (hint != "" || streak >= repeatedFailures) && f.once.first(text) {
+	once := text
+	if errors.Is(err, ErrSlowStore) {
+		once = ErrSlowStore.Error() // its text carries the round trip, which varies
+	}
+	if (hint != "" || streak >= repeatedFailures) && f.once.first(once) {
 		if hint == "" {
 			hint = "check that the store is up and reachable from this process and that the limiter's settings suit it"
 		}

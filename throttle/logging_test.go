@@ -107,6 +107,9 @@ func TestGateReportsStoreFailures(t *testing.T) {
 			return fmt.Errorf("window: redis: %w", hinted{"ERR Unknown Redis command called from script"})
 		}, 1, "WithServerClock"},
 		{"two hinted errors", func(i int) error { return hinted{fmt.Sprint("ERR script ", i%2)} }, 2, "WithServerClock"},
+		{"a store slower than the timeout, its round trip varying", func(i int) error {
+			return &throttle.SlowStoreError{RoundTrip: time.Duration(150+i) * time.Millisecond, Timeout: 100 * time.Millisecond, Err: context.DeadlineExceeded}
+		}, 1, "WithTimeout to about twice"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,10 +10,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
+	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -70,7 +70,7 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 	if !oneSlot(l.client, rkeys) {
 		return nil, false, nil
 	}
-	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	ctx, cancel := l.rt.Bound(ctx)
 	defer cancel()
 	args[0], args[1], args[2], args[3], args[4] = strconv.Itoa(n), l.member.next(), "", "0", argNoExpiry
 	if l.clock == nil {
@@ -87,12 +87,13 @@ func (l *Redis) AllowJoint(ctx context.Context, parts []throttle.Limiter, keys [
 			args[3] = "1"
 		}
 	}
+	start := time.Now()
 	vals, err := jointScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
-	if err != nil {
+	if err = redisscript.Observe(l.rt, start, vals, err); err != nil {
 		return nil, false, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
-	if len(vals) == 1 && vals[0] == -1 {
-		return nil, false, errLate
+	if late(vals) {
+		return nil, false, l.rt.Explain(errLate)
 	}
 	if len(vals) != replyInts*len(parts)+1 { // and now
 		return nil, false, fmt.Errorf("%w: %v", errReply, vals)

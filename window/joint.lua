@@ -15,7 +15,7 @@
 -- ARGV[4]     "1" if the client's reading had a part below the µs (the
 --             windows one µs longer), else "0".
 -- ARGV[5]     with the server's TIME: an instant, µs, after which the
---             script applies nothing and returns {-1} (its caller has
+--             script applies nothing and returns {-1, now} (its caller has
 --             given up: see window.lua). "": none.
 -- ARGV[3+3i]  window i, µs.
 -- ARGV[4+3i]  limit i.
@@ -62,7 +62,7 @@ else
 	now = t[1] * 1000000 + t[2] + 1
 	slack = 1
 	if ARGV[5] ~= "" and now > tonumber(ARGV[5]) then
-		return { -1 }
+		return { -1, now }
 	end
 end
 

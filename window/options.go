@@ -139,6 +139,19 @@ func WithPrefix(p string) Option {
 // connection. A
 // decision that times out is an error, and the throttle.Gate's failure
 // policy decides. Memory ignores it.
+//
+// A call whose reply is on its way at the timeout waits one round trip
+// more (its grace: the moving average of this limiter's round trips, at
+// most 2 x the timeout, and that most before the first reply), so that
+// go-redis keeps the connection rather than retire it (a new one takes 3
+// round trips of handshake: with a round trip near the timeout, no call
+// would succeed again). A call returns within the timeout plus its
+// grace. A timeout while the measured round trip is longer than the
+// timeout is a *throttle.SlowStoreError (throttle.ErrSlowStore), which
+// says the timeout to set.
+// A script that runs after its call's timeout, in the server's clock
+// (estimated from the replies, which carry the server's instant), applies
+// nothing: a decision applied is one its caller reads.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(cfg *config) error {
 		if err := deadline.Check(d); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/blocked"
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/janitor"
 	"github.com/queuethrottle/queuethrottle/internal/lost"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
@@ -64,10 +65,11 @@ type Redis struct {
 	client   redis.Scripter
 	rate     throttle.Rate
 	prefix   string
-	clock    throttle.Clock    // nil: Redis TIME
-	server   *redisclock.Clock // WithServerClock: clock is it; nil otherwise
-	timeout  time.Duration     // per call
-	argWin   any               // precomputed ARGV strings, boxed once
+	clock    throttle.Clock      // nil: Redis TIME
+	server   *redisclock.Clock   // WithServerClock: clock is it; nil otherwise
+	timeout  time.Duration       // per call
+	rt       *deadline.RoundTrip // bounds each call: timeout + one round trip
+	argWin   any                 // precomputed ARGV strings, boxed once
 	argLimit any
 	member   memberSource
 	quotas   throttle.QuotaFunc
@@ -119,6 +121,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		prefix:   cfg.prefix,
 		clock:    cfg.clock,
 		timeout:  cfg.timeout,
+		rt:       deadline.NewRoundTrip(cfg.timeout),
 		argWin:   strconv.FormatInt(window, 10),
 		argLimit: strconv.Itoa(r.Count),
 		quotas:   cfg.quotas,
@@ -134,11 +137,11 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		l.server = redisclock.New(t, cfg.serverLocal)
 		l.clock = l.server
 	}
-	l.calls = &redisscript.Grouped[[]*call]{Script: windowScript, Client: c, Build: l.command, Settle: l.settle}
+	l.calls = &redisscript.Grouped[[]*call]{Script: windowScript, Client: c, Build: l.command, Settle: l.settle, RoundTrip: l.rt}
 	if _, standalone := c.(*redis.Client); !standalone {
 		l.calls.OneKeyPerCall()
 	}
-	l.batch = coalesce.New(l.timeout, maxBatch, l.one, l.many).WithUnits(func(r request) int { return r.n }, maxUnits)
+	l.batch = coalesce.New(l.rt.Shared(), maxBatch, l.one, l.many).WithUnits(func(r request) int { return r.n }, maxUnits)
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)
 	}

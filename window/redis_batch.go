@@ -2,7 +2,6 @@ package window
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -33,8 +32,9 @@ type request struct {
 type call = coalesce.Call[request, throttle.Decision]
 
 // errLate is the error of decisions whose script ran after their caller's
-// deadline (plus lateSlack) and so applied nothing.
-var errLate = errors.New("window: redis: the script ran after its caller's deadline and applied nothing (Redis was stalled, or its clock is ahead of this machine's by more than 1s)")
+// deadline less its grace (see deadline.RoundTrip.Expiry) and so applied
+// nothing. It matches context.DeadlineExceeded: the call came too late.
+var errLate = fmt.Errorf("window: redis: the script ran after its caller's deadline and applied nothing (Redis was slow or stalled): %w", context.DeadlineExceeded)
 
 // groupID is what the requests of one script call share: the key, and
 // its quota when the request was made.
@@ -76,7 +76,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 		argsPool.Put(buf)
 	}()
 	cmd := redis.NewIntSliceCmd(ctx, args...)
-	if err := windowScript.Run(ctx, l.client, cmd); err != nil {
+	if err := windowScript.RunTimed(ctx, l.client, cmd, l.rt); err != nil {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
 	var d [1]throttle.Decision
@@ -86,7 +86,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 		v = v[:replyInts]
 	}
 	err := decisions(v, d[:], r.limit)
-	return d[0], err
+	return d[0], l.rt.Explain(err)
 }
 
 // AllowBatch decides reqs as AllowN would, one after another in order,
@@ -167,8 +167,8 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 	v := cmd.Val()
 	if err != nil {
 		err = fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
-	} else if len(v) == 1 && v[0] == -1 {
-		err = errLate
+	} else if late(v) {
+		err = l.rt.Explain(errLate)
 	}
 	var skip map[int]bool
 	now := int64(-1) // the script's instant, its last integer
@@ -252,19 +252,16 @@ func (l *Redis) clockArgs(ctx context.Context, args []any) []any {
 	return append(args, strconv.FormatInt(now, 10), inexact, argNoExpiry)
 }
 
-// lateSlack is how late, after its caller's deadline, a script may still
-// apply its decisions: it covers the difference between this machine's
-// clock and the Redis server's.
-const lateSlack = time.Second
-
 var argNoExpiry any = ""
 
-// expiry returns ARGV[5]: ctx's deadline plus lateSlack, in µs since the
-// Unix epoch, so that a script that runs only after its caller gave up
-// (Redis was stalled: paused, swapping, blocked by a slow command) applies
-// nothing, rather than count an admission nobody knows of. The boxed
-// string is kept for the next call with the same deadline (the calls that
-// share one deadline context).
+// expiry returns ARGV[3]: the instant after which the script applies
+// nothing (see deadline.RoundTrip.Expiry: about the call's deadline less
+// one round trip, in the server's clock), so that a script that runs only
+// after its caller gave up (Redis was slow or stalled: far away, paused,
+// swapping, blocked by a slow command) applies nothing, rather than count
+// an admission nobody knows of. The boxed string is kept for the next
+// call with the same deadline (the calls that share one deadline
+// context).
 func (l *Redis) expiry(ctx context.Context) any {
 	dl, ok := ctx.Deadline()
 	if !ok {
@@ -273,7 +270,8 @@ func (l *Redis) expiry(ctx context.Context) any {
 	if e := l.lastExpiry.Load(); e != nil && e.at.Equal(dl) {
 		return e.arg
 	}
-	e := &expiryArg{at: dl, arg: strconv.FormatInt(dl.Add(lateSlack).UnixMicro(), 10)}
+	at, _ := l.rt.Expiry(ctx)
+	e := &expiryArg{at: dl, arg: strconv.FormatInt(at, 10)}
 	l.lastExpiry.Store(e)
 	return e.arg
 }
@@ -283,6 +281,11 @@ type expiryArg struct {
 	arg any
 }
 
+// late reports whether v is the reply of a script that ran after its
+// expiry and applied nothing: {-1, now} (every other reply has at least
+// replyInts+1 integers).
+func late(v []int64) bool { return len(v) == 2 && v[0] == -1 }
+
 // replyInts is the number of integers window.lua (and joint.lua) reply
 // per request: {code, retry µs, reset µs}; code = remaining + 1 when
 // admitted, -(remaining + 1) when rejected; retry negated when reserved.
@@ -291,7 +294,7 @@ const replyInts = 3
 // decisions converts the script's reply, replyInts integers per request,
 // into d.
 func decisions(v []int64, d []throttle.Decision, limit int) error {
-	if len(v) == 1 && v[0] == -1 {
+	if late(v) {
 		return errLate
 	}
 	if len(v) != replyInts*len(d) {

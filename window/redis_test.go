@@ -581,44 +581,6 @@ func TestRedisAllowIDKeepsOnlyItsWindow(t *testing.T) {
 	card(1, "e's reservation is more than the window and 10 s old")
 }
 
-// TestRedisLostReply: a decision whose reply is lost (the call times out
-// while Redis is stopped, and Redis runs the script when it resumes) is
-// not charged again when the same id is presented again: it is admitted
-// on that decision.
-func TestRedisLostReply(t *testing.T) {
-	srv := redistest.Start(t)
-	client := srv.Client(t)
-	l := newTestRedis(t, client, throttle.Rate{Count: 2, Per: time.Minute}, WithTimeout(100*time.Millisecond))
-	ctx := context.Background()
-	if _, err := patient(t, client, l).AllowID(ctx, "k", 1, "warm", 0); err != nil { // connect, load the script
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	_, err := l.AllowID(ctx, "k", 1, "m", 0)
-	if rerr := srv.Resume(); rerr != nil {
-		t.Fatal(rerr)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("AllowID while Redis is stopped: %v, want a deadline error", err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for client.ZScore(ctx, l.key("k"), "A1:m").Err() != nil { // the lost call runs on resume
-		if time.Now().After(deadline) {
-			t.Fatal("the lost call never admitted m")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	d, err := l.AllowID(ctx, "k", 1, "m", 0)
-	if err != nil || !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("m again: %+v, %v; want admitted with Remaining 0 (charged once)", d, err)
-	}
-	if d, err := l.AllowID(ctx, "k", 1, "other", 0); err != nil || d.Allowed {
-		t.Fatalf("another id: %+v, %v; want rejected (2 admitted: warm and m, once)", d, err)
-	}
-}
-
 // TestLargeCostsAreWrittenInChunks admits and reserves costs above the
 // 500 members one ZADD takes (units.lua's addUnits; 5,000 in one would
 // overflow unpack), through the fast path, an AllowID admission and a

@@ -27,9 +27,9 @@
 -- ARGV[2]  "1": the client's reading had a part below the µs (ARGV[1] is
 --          rounded up), so the window is one µs longer; else "0".
 -- ARGV[3]  with the server's TIME: an instant, µs, after which the script
---          applies nothing and returns {-1}: its caller has given up
---          (Redis was stalled), and an admission nobody knows of must not
---          count. "": none.
+--          applies nothing and returns {-1, now}: its caller has given up
+--          (Redis was slow or stalled), and an admission nobody knows of
+--          must not count. "": none.
 -- Then, key after key:
 --   window   µs (integer).
 --   limit    the most units any window may hold (integer >= 1).
@@ -108,7 +108,7 @@ else
 	now0 = t[1] * 1000000 + t[2] + 1
 	slack = 1
 	if ARGV[3] ~= "" and now0 > tonumber(ARGV[3]) then
-		return {-1}
+		return {-1, now0}
 	end
 end
 

@@ -22,8 +22,9 @@ const inFlightLease = 500 * time.Millisecond
 
 // newInFlight returns the in-flight limit of -inflight n per tenant: in
 // Redis with keys under prefix when rc is not nil (shared by every worker
-// process), else in process; nil for n == 0.
-func newInFlight(n int, rc *redis.Client, prefix string) (throttle.InFlightLimiter, error) {
+// process, each call bounded by timeout), else in process; nil for n ==
+// 0.
+func newInFlight(n int, rc *redis.Client, prefix string, timeout time.Duration) (throttle.InFlightLimiter, error) {
 	switch {
 	case n == 0:
 		return nil, nil
@@ -32,7 +33,7 @@ func newInFlight(n int, rc *redis.Client, prefix string) (throttle.InFlightLimit
 	case rc == nil:
 		return concurrency.NewMemory(n)
 	}
-	return concurrency.NewRedis(rc, n, concurrency.WithPrefix(prefix), concurrency.WithTimeout(redisTimeout))
+	return concurrency.NewRedis(rc, n, concurrency.WithPrefix(prefix), concurrency.WithTimeout(timeout))
 }
 
 // describeInFlight says how the handlers are limited, for the header.

@@ -53,9 +53,10 @@ type record struct {
 	// Reserved, on a nak, reports that its decision reserved the
 	// message's own slot.
 	Reserved bool                `json:"reserved,omitempty"`
-	Addr     string              `json:"addr,omitempty"`   // metrics: where the process serves its metrics
-	Err      string              `json:"err,omitempty"`    // error: a line for the summary
-	Hybrid   *bucket.HybridStats `json:"hybrid,omitempty"` // done: the hybrid's decisions
+	Addr     string              `json:"addr,omitempty"`    // metrics: where the process serves its metrics
+	Err      string              `json:"err,omitempty"`     // error: a line for the summary
+	Hybrid   *bucket.HybridStats `json:"hybrid,omitempty"`  // done: the hybrid's decisions
+	Longest  time.Duration       `json:"longest,omitempty"` // done: the process's longest limiter decision
 	// Deliveries, on done, counts the deliveries the process saw.
 	Deliveries int64 `json:"deliveries,omitempty"`
 }
@@ -116,6 +117,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
+	spec.Timeout = cfg.RedisTimeout
 	q, err := loadQuotas(cfg, jf)
 	if err != nil {
 		return err
@@ -147,7 +149,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 		return err
 	}
 	// Every worker process shares the in-flight slots in Redis.
-	inf, err := newInFlight(cfg.InFlight, rc, cfg.KeyPrefix+"inflight:")
+	inf, err := newInFlight(cfg.InFlight, rc, cfg.KeyPrefix+"inflight:", cfg.RedisTimeout)
 	if err != nil {
 		return err
 	}
@@ -185,7 +187,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	for _, e := range w.throttleErrs.lines("throttle error") {
 		rw.send(record{Kind: "error", Err: e})
 	}
-	done := record{Kind: "done", Deliveries: w.delivered.Load()}
+	done := record{Kind: "done", Deliveries: w.delivered.Load(), Longest: lim.longestDecision()}
 	if hs, ok := lim.hybridStats(); ok {
 		done.Hybrid = &hs
 	}
@@ -229,6 +231,7 @@ type processes struct {
 	errs     errorLog
 	hybrid   bucket.HybridStats
 	isHybrid bool
+	longest  time.Duration // the longest limiter decision of any process
 	stopping bool
 
 	deliveries atomic.Int64 // the deliveries the processes saw (their done records)
@@ -266,7 +269,7 @@ func (ps *processes) start(id int) error {
 	args := []string{"-worker-only", "-worker-id", strconv.Itoa(id), "-key-prefix", ps.keyPrefix,
 		"-nats", ps.natsURL, "-redis", cfg.RedisURL, "-jobs", ps.jobsPath,
 		"-rate", cfg.Rate, "-rates", cfg.RatesPath, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
-		"-reservations", cfg.Reservations.String(),
+		"-reservations", cfg.Reservations.String(), "-redis-timeout", cfg.RedisTimeout.String(),
 		"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String(),
 		"-fair=" + strconv.FormatBool(cfg.Fair), "-handlers", strconv.Itoa(cfg.Handlers), "-faults", cfg.Faults}
 	if cfg.Metrics != "" {
@@ -393,6 +396,7 @@ func (ps *processes) apply(p *process, r record) {
 		ps.deliveries.Add(r.Deliveries)
 		ps.mu.Lock()
 		p.done = true
+		ps.longest = max(ps.longest, r.Longest)
 		if h := r.Hybrid; h != nil {
 			ps.isHybrid = true
 			ps.hybrid.Local += h.Local
@@ -533,6 +537,9 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	if hs, ok := ps.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}
+	ps.mu.Lock()
+	rep.Longest, rep.Timeout = ps.longest, spec.timeout()
+	ps.mu.Unlock()
 	rep.print(out)
 	if pubErr != nil {
 		return rep, fmt.Errorf("publish: %w", pubErr)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,7 +28,8 @@ const (
 // span T are at most burst + (T + hybridHold) × rate.
 const hybridHold = 500 * time.Millisecond
 
-// redisTimeout bounds each Redis round trip of every limiter (the Hybrid's
+// redisTimeout, the default of -redis-timeout, bounds each Redis round
+// trip of every limiter (the Hybrid's
 // leases too). On 2 cores shared by NATS, asynq, redis-server and several
 // worker processes a round trip can stall for longer than the default
 // 50 ms, which would turn a busy but healthy Redis into degraded
@@ -43,6 +45,17 @@ type limiterSpec struct {
 	// Meters gets the hybrids' own metrics (bucket.WithMeterProvider):
 	// the provider of -metrics. Nil means the global one.
 	Meters metric.MeterProvider
+	// Timeout is each Redis limiter's per-call timeout (-redis-timeout);
+	// 0 means redisTimeout.
+	Timeout time.Duration
+}
+
+// timeout returns the Redis limiters' per-call timeout.
+func (s limiterSpec) timeout() time.Duration {
+	if s.Timeout > 0 {
+		return s.Timeout
+	}
+	return redisTimeout
 }
 
 // parseLimiterSpec checks the -limiter and -burst flags; hybrid needs a
@@ -183,16 +196,16 @@ func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, r throt
 		if rc == nil {
 			return nil, errors.New("-limiter hybrid needs -redis URL")
 		}
-		h, err = bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(redisTimeout), bucket.WithMeterProvider(spec.Meters), bucket.WithQuotas(quotas))
+		h, err = bucket.NewHybrid(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(spec.timeout()), bucket.WithMeterProvider(spec.Meters), bucket.WithQuotas(quotas))
 		l = h
 	case spec.Family == familyBucket && rc == nil:
 		l, err = bucket.NewLocal(r, spec.burstOf(r), bucket.WithQuotas(quotas))
 	case spec.Family == familyBucket:
-		l, err = bucket.NewRedis(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(redisTimeout), bucket.WithQuotas(quotas))
+		l, err = bucket.NewRedis(rc, r, spec.burstOf(r), bucket.WithPrefix(prefix), bucket.WithTimeout(spec.timeout()), bucket.WithQuotas(quotas))
 	case rc == nil:
 		l, err = window.NewMemory(r, window.WithQuotas(quotas))
 	default:
-		l, err = window.NewRedis(rc, r, window.WithPrefix(prefix), window.WithTimeout(redisTimeout), window.WithQuotas(quotas))
+		l, err = window.NewRedis(rc, r, window.WithPrefix(prefix), window.WithTimeout(spec.timeout()), window.WithQuotas(quotas))
 	}
 	if err != nil {
 		return nil, err
@@ -217,14 +230,29 @@ type recordingLimiter struct {
 	// rejected, if set, is called for every rejection by id, with whether
 	// it reserved the id's slot (Decision.Reserved).
 	rejected func(id string, reserved bool)
+
+	longest atomic.Int64 // ns: the longest decision (see timed)
 }
+
+// timed records a decision that began at start, and returns its end.
+func (l *recordingLimiter) timed(start time.Time) time.Time {
+	end := time.Now()
+	for took, old := int64(end.Sub(start)), l.longest.Load(); took > old && !l.longest.CompareAndSwap(old, took); old = l.longest.Load() {
+	}
+	return end
+}
+
+// longestDecision returns the longest decision so far: with a Redis
+// limiter, at most its timeout plus one round trip.
+func (l *recordingLimiter) longestDecision() time.Duration { return time.Duration(l.longest.Load()) }
 
 // AllowN asks the limiter.
 func (l *recordingLimiter) AllowN(ctx context.Context, key string, n int) (throttle.Decision, error) {
 	before := time.Now()
 	d, err := l.l.AllowN(ctx, key, n)
+	after := l.timed(before)
 	if err == nil && d.Allowed && l.admitted != nil {
-		l.admitted(key, "", n, before, time.Now())
+		l.admitted(key, "", n, before, after)
 	}
 	return d, err
 }
@@ -239,8 +267,9 @@ func (l *recordingLimiter) AllowID(ctx context.Context, key string, n int, id st
 	}
 	before := time.Now()
 	d, err := ids.AllowID(ctx, key, n, id, horizon)
+	after := l.timed(before)
 	if err == nil && d.Allowed && l.admitted != nil {
-		l.admitted(key, id, n, before, time.Now())
+		l.admitted(key, id, n, before, after)
 	}
 	if err == nil && !d.Allowed && l.rejected != nil {
 		l.rejected(id, d.Reserved)

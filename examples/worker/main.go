@@ -176,18 +176,23 @@ import (
 
 // config is what the flags set.
 type config struct {
-	JobsPath  string        // JSON Lines trace of jobs; see testdata/README.md
-	Rate      string        // default per-tenant limit, throttle.ParseRate format
-	RatesPath string        // per-tenant quotas, lines "TENANT QUOTA" (see quotas)
-	RedisURL  string        // use the Redis limiters at this URL, and run the asynq side too
-	BrokerURL string        // asynq's Redis, when not RedisURL's (set by the run, not a flag)
-	Limiter   string        // limiter family: window, bucket or hybrid
-	Burst     int           // bucket capacity; 0 means each tenant's rate Count
-	Instances int           // > 1: run that many worker processes (needs RedisURL)
-	NATSURL   string        // use this NATS server instead of an embedded one
-	Trace     string        // "" or "stdout"
-	Timeout   time.Duration // give up waiting for the jobs after this long
-	Progress  time.Duration // interval of the progress lines
+	JobsPath  string // JSON Lines trace of jobs; see testdata/README.md
+	Rate      string // default per-tenant limit, throttle.ParseRate format
+	RatesPath string // per-tenant quotas, lines "TENANT QUOTA" (see quotas)
+	RedisURL  string // use the Redis limiters at this URL, and run the asynq side too
+	BrokerURL string // asynq's Redis, when not RedisURL's (set by the run, not a flag)
+	// RedisLatency > 0 puts a proxy delaying each way by it between the
+	// limiters and Redis (asynq's queues stay direct); RedisTimeout is the
+	// limiters' per-call timeout (WithTimeout).
+	RedisLatency time.Duration
+	RedisTimeout time.Duration
+	Limiter      string        // limiter family: window, bucket or hybrid
+	Burst        int           // bucket capacity; 0 means each tenant's rate Count
+	Instances    int           // > 1: run that many worker processes (needs RedisURL)
+	NATSURL      string        // use this NATS server instead of an embedded one
+	Trace        string        // "" or "stdout"
+	Timeout      time.Duration // give up waiting for the jobs after this long
+	Progress     time.Duration // interval of the progress lines
 	// Reservations is the horizon of throttle.WithReservations: a rejected
 	// job reserves its own slot up to this far ahead. 0 turns them off.
 	Reservations time.Duration
@@ -216,12 +221,13 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		JobsPath:  "testdata/jobs.jsonl",
-		Rate:      "20/1s",
-		Limiter:   familyWindow,
-		Instances: 1,
-		Timeout:   60 * time.Second,
-		Progress:  500 * time.Millisecond,
+		JobsPath:     "testdata/jobs.jsonl",
+		Rate:         "20/1s",
+		Limiter:      familyWindow,
+		Instances:    1,
+		RedisTimeout: redisTimeout,
+		Timeout:      60 * time.Second,
+		Progress:     500 * time.Millisecond,
 
 		Reservations: time.Minute,
 		Fair:         true,
@@ -241,6 +247,8 @@ func main() {
 	flag.StringVar(&cfg.Limiter, "limiter", cfg.Limiter, "limiter `family`: window (sliding window log), bucket (token bucket) or hybrid (token bucket deciding locally on tokens leased from Redis; needs -redis)")
 	flag.IntVar(&cfg.Burst, "burst", 0, "bucket capacity `N` for -limiter bucket or hybrid (default: each tenant's rate count)")
 	flag.StringVar(&cfg.RedisURL, "redis", "", "Redis `URL`: the limiters live in Redis, and an asynq server on it gets the same jobs; \"local\" starts a redis-server from PATH on a free loopback port for the run (with persistence when -faults has kill-redis) (default: in-process limiters, NATS only)")
+	flag.DurationVar(&cfg.RedisLatency, "redis-latency", 0, "put a proxy that delays each way by this `duration` (whole ms) between the limiters and Redis (needs -redis; asynq's queues stay direct): a store far away")
+	flag.DurationVar(&cfg.RedisTimeout, "redis-timeout", cfg.RedisTimeout, "each limiter's per-call Redis `timeout` (WithTimeout); about twice the round trip works")
 	flag.IntVar(&cfg.Instances, "instances", cfg.Instances, "`N` > 1 (at most 64) runs N worker processes on the NATS server and the Redis limiter (needs -redis; NATS only)")
 	flag.StringVar(&cfg.NATSURL, "nats", "", "NATS `URL` of a JetStream server (default: embedded server in a temp dir)")
 	flag.StringVar(&cfg.Trace, "trace", "", "`exporter` of the spans: \"stdout\" prints them with the OpenTelemetry stdout exporter (default: no tracing)")

@@ -26,7 +26,12 @@ type (
 		Seconds    float64      `json:"seconds"`    // first arrival to last handler start
 		Deliveries int          `json:"deliveries"` // every delivery of every consumer used (NATS: the per-tenant consumers too; asynq: every task handed to the handler)
 		Fairness   jsonFairness `json:"fairness"`
-		Tenants    []jsonTenant `json:"tenants"`
+		// LongestDecisionMS is the longest limiter decision; with Redis
+		// limiters (TimeoutMS > 0, their per-call timeout) at most the
+		// timeout plus one round trip.
+		LongestDecisionMS float64      `json:"longest_decision_ms"`
+		TimeoutMS         float64      `json:"redis_timeout_ms,omitempty"`
+		Tenants           []jsonTenant `json:"tenants"`
 	}
 	// jsonFairness is Jain's index of the weight-normalized handler
 	// starts, per whole second with two or more tenants backlogged (see
@@ -84,6 +89,7 @@ func writeReport(path string, rep report, elapsed time.Duration) error {
 
 func (rep report) jsonConsumer() jsonConsumer {
 	c := jsonConsumer{Name: "nats", Seconds: rep.Span.Seconds(), Deliveries: rep.Deliveries, Tenants: []jsonTenant{},
+		LongestDecisionMS: ms(rep.Longest), TimeoutMS: ms(rep.Timeout),
 		Fairness: jsonFairness{Seconds: rep.Fairness.Seconds, JainMean: rep.Fairness.Mean, JainMin: rep.Fairness.Min}}
 	if rep.Consumer == consumerAsynq {
 		c.Name = "asynq"

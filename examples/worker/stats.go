@@ -397,10 +397,13 @@ type report struct {
 	Deliveries int
 	Fairness   fairness // of the handler starts across backlogged tenants
 
-	Hybrid    *bucket.HybridStats // decisions by source, with -limiter hybrid
-	InFlight  int                 // -inflight: handlers of a tenant allowed at once (0: no limit)
-	Instances int                 // worker processes, with -instances (else 0)
-	Processes map[int]int         // handler runs per worker process, with -instances
+	Hybrid *bucket.HybridStats // decisions by source, with -limiter hybrid
+	// Longest is the longest limiter decision and Timeout the Redis
+	// limiters' per-call timeout (0 for in-process limiters).
+	Longest, Timeout time.Duration
+	InFlight         int         // -inflight: handlers of a tenant allowed at once (0: no limit)
+	Instances        int         // worker processes, with -instances (else 0)
+	Processes        map[int]int // handler runs per worker process, with -instances
 
 	// asynq only.
 	Queues         []string // the run's queues (see maxAsynqQueues)
@@ -622,6 +625,10 @@ func (rep report) printTable(w io.Writer, heading string) {
 			fmt.Fprintln(w, l)
 		}
 	}
+	if rep.Timeout > 0 {
+		fmt.Fprintf(w, "longest limiter decision: %v (each Redis call: timeout %v, plus one round trip for a reply on its way)\n",
+			rep.Longest.Round(time.Millisecond), rep.Timeout)
+	}
 	if h := rep.Hybrid; h != nil {
 		line := fmt.Sprintf("hybrid decisions: %d local, %d Redis, %d degraded", h.Local, h.Redis, h.Degraded)
 		if h.Errors > 0 {
@@ -664,9 +671,20 @@ func (rep report) printTable(w io.Writer, heading string) {
 
 // verdict is the last line of the summary: OK, or FAIL and why.
 func (rep report) verdict() string {
-	if over := rep.overLimits(); over != "" {
-		return "FAIL: over the limit: " + over
+	v := rep.deliveryVerdict()
+	over := rep.overLimits()
+	switch {
+	case over == "":
+		return v
+	case strings.HasPrefix(v, "FAIL"):
+		return v + "; and over the limit: " + over
 	}
+	return "FAIL: over the limit: " + over
+}
+
+// deliveryVerdict is the verdict on deliveries alone: every job handled
+// exactly once (or again, explained by a fault), none lost.
+func (rep report) deliveryVerdict() string {
 	if rep.Asynq == nil {
 		by := ""
 		if rep.Instances > 0 {

@@ -134,6 +134,20 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 			fmt.Fprintln(out, "asynq's queues on a redis-server of their own, which the faults leave alone: "+broker.describe())
 		}
 	}
+	if cfg.RedisLatency > 0 {
+		proxy, url, err := slowRedis(cfg)
+		if err != nil {
+			return report{}, err
+		}
+		defer proxy.Stop()
+		if cfg.BrokerURL == "" {
+			cfg.BrokerURL = cfg.RedisURL // asynq's queues stay direct
+		}
+		cfg.RedisURL = url
+		fmt.Fprintf(out, "the limiters reach Redis through a proxy at %s that delays each way by %v (a round trip %v longer); their per-call timeout is %v\n",
+			proxy.Addr(), cfg.RedisLatency, 2*cfg.RedisLatency, cfg.RedisTimeout)
+	}
+	spec.Timeout = cfg.RedisTimeout
 	if cfg.Instances > 1 {
 		return workInstances(ctx, cfg, stdout, jf, q, spec, fs)
 	}
@@ -191,7 +205,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		arec.rateOf = rateOf
 		arec.weightOf = jf.weight
 		arec.horizon = cfg.Reservations
-		ainf, err := newInFlight(cfg.InFlight, rc, prefix+"asynq:inflight:")
+		ainf, err := newInFlight(cfg.InFlight, rc, prefix+"asynq:inflight:", cfg.RedisTimeout)
 		if err != nil {
 			return report{}, err
 		}
@@ -202,7 +216,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 
 	// The worker: the job handler gated by the throttle, and by the
 	// in-flight limit with -inflight.
-	inf, err := newInFlight(cfg.InFlight, rc, prefix+"inflight:")
+	inf, err := newInFlight(cfg.InFlight, rc, prefix+"inflight:", cfg.RedisTimeout)
 	if err != nil {
 		return report{}, err
 	}
@@ -278,6 +292,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if hs, ok := lim.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}
+	if rc != nil {
+		rep.Longest, rep.Timeout = lim.longestDecision(), spec.timeout()
+	}
 	if as != nil {
 		as.handlerErrs.print(out, "asynq handler error")
 		as.throttleErrs.print(out, "asynq throttle error")
@@ -289,6 +306,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		if hs, ok := as.lim.hybridStats(); ok {
 			arep.Hybrid = &hs
 		}
+		arep.Longest, arep.Timeout = as.lim.longestDecision(), spec.timeout()
 		rep.Asynq = &arep
 	}
 	rep.print(out)

@@ -15,7 +15,6 @@ import (
 	"net"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 )
@@ -57,14 +56,14 @@ const MaxInFlight = 2
 // filling in the Res or Err of each Call, in the order given (arrival
 // order), and keeps no reference to the slice once it returns (the
 // flusher reuses it). Each flush of a batch runs under its own context
-// with a deadline of timeout, so that no caller's context (canceled, or
-// with a short deadline) fails the requests of others; a lone request
-// runs under its caller's context, bounded by timeout. A batch holds at
+// bounded by bound, so that no caller's context (canceled, or with a
+// short deadline) fails the requests of others; a lone request runs
+// under its caller's context, bounded by bound too. A batch holds at
 // most maxBatch requests (and see WithUnits).
-func New[Req, Res any](timeout time.Duration, maxBatch int,
+func New[Req, Res any](bound *deadline.Shared, maxBatch int,
 	one func(context.Context, Req) (Res, error),
 	many func(context.Context, []*Call[Req, Res])) *Batcher[Req, Res] {
-	return &Batcher[Req, Res]{one: one, many: many, deadline: deadline.NewShared(timeout), maxBatch: maxBatch}
+	return &Batcher[Req, Res]{one: one, many: many, deadline: bound, maxBatch: maxBatch}
 }
 
 // WithUnits bounds the weight of a batch as well: at most max units, as

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
 )
 
 // recorder decides requests (ints) by echoing them, holding the first
@@ -49,7 +51,7 @@ func (r *recorder) many(ctx context.Context, calls []*Call[int, int]) {
 // still get their results.
 func TestQueuedCallsGoTogether(t *testing.T) {
 	r := newRecorder()
-	b := New(time.Second, 3, r.one, r.many)
+	b := New(deadline.NewShared(time.Second), 3, r.one, r.many)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	results := make([]int, 10)
@@ -137,7 +139,7 @@ func TestBatchesInFlightTogether(t *testing.T) {
 			c.Res = c.Req
 		}
 	}
-	b := New(time.Second, 2, one, many)
+	b := New(deadline.NewShared(time.Second), 2, one, many)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for i := range MaxInFlight {
@@ -225,7 +227,7 @@ func TestGroupKeepsEachKeysOrder(t *testing.T) {
 // not be reached for, and under an ended context, nothing more is sent.
 func TestDoAll(t *testing.T) {
 	r := newRecorder()
-	b := New(time.Second, 3, r.one, r.many).WithUnits(func(n int) int { return n }, 10)
+	b := New(deadline.NewShared(time.Second), 3, r.one, r.many).WithUnits(func(n int) int { return n }, 10)
 	res, errs := b.DoAll(context.Background(), []int{1, 2, 3, 4, 9, 11, 1, 1})
 	if errs != nil || !slices.Equal(res, []int{1, 2, 3, 4, 9, 11, 1, 1}) {
 		t.Fatalf("DoAll = %v, %v; want every request echoed", res, errs)
@@ -236,7 +238,7 @@ func TestDoAll(t *testing.T) {
 	}
 
 	sent := 0
-	down := New(time.Second, 2, r.one, func(ctx context.Context, calls []*Call[int, int]) {
+	down := New(deadline.NewShared(time.Second), 2, r.one, func(ctx context.Context, calls []*Call[int, int]) {
 		sent++
 		for _, c := range calls {
 			c.Err = context.DeadlineExceeded
@@ -247,7 +249,7 @@ func TestDoAll(t *testing.T) {
 		t.Fatalf("store unreachable: %d batches sent, errors %v; want 1 sent, every request failed", sent, errs)
 	}
 	refused := 0
-	picky := New(time.Second, 2, r.one, func(ctx context.Context, calls []*Call[int, int]) {
+	picky := New(deadline.NewShared(time.Second), 2, r.one, func(ctx context.Context, calls []*Call[int, int]) {
 		refused++
 		for _, c := range calls {
 			c.Err = errors.New("WRONGTYPE")

@@ -38,8 +38,9 @@ func Bound(ctx context.Context, d time.Duration) (context.Context, context.Cance
 // d - d/16. Calls under any other context get Bound's own. A Shared is
 // safe for concurrent use; the zero Shared is not usable: use NewShared.
 type Shared struct {
-	d   time.Duration
-	cur atomic.Pointer[shared]
+	d     time.Duration
+	extra func() time.Duration // added to d (a RoundTrip's grace); nil: none
+	cur   atomic.Pointer[shared]
 }
 
 type shared struct {
@@ -54,15 +55,19 @@ func NewShared(d time.Duration) *Shared { return &Shared{d: d} }
 // Bound is Bound(ctx, d), but with a shared context for background calls.
 // The shared context ends only at its deadline: its cancel is a no-op.
 func (s *Shared) Bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := s.d
+	if s.extra != nil {
+		d += s.extra()
+	}
 	if ctx != context.Background() && ctx != context.TODO() {
-		return Bound(ctx, s.d)
+		return Bound(ctx, d)
 	}
 	now := time.Now()
 	if c := s.cur.Load(); c != nil && now.Sub(c.created) < s.d/16 {
 		return c.ctx, noCancel
 	}
 	c := &shared{created: now}
-	c.ctx, c.cancel = context.WithDeadline(context.Background(), now.Add(s.d))
+	c.ctx, c.cancel = context.WithDeadline(context.Background(), now.Add(d))
 	s.cur.Store(c)
 	return c.ctx, noCancel
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	_ "embed"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
 )
 
 // GroupedLua is the prelude of the scripts Grouped sends: eachKey, their
@@ -28,6 +31,9 @@ type Grouped[G any] struct {
 	// errors.
 	Build  func(ctx context.Context, groups []G) *redis.IntSliceCmd
 	Settle func(groups []G, cmd *redis.IntSliceCmd, err error) (failed []G)
+	// RoundTrip, if set, records each call's round trip and the server's
+	// instant that ends its reply (see Script.RunTimed).
+	RoundTrip *deadline.RoundTrip
 
 	oneKey atomic.Bool
 }
@@ -41,7 +47,7 @@ func (g *Grouped[G]) OneKeyPerCall() { g.oneKey.Store(true) }
 func (g *Grouped[G]) Run(ctx context.Context, groups []G, together bool) {
 	if len(groups) > 1 && together && !g.oneKey.Load() {
 		cmd := g.Build(ctx, groups)
-		err := g.Script.Run(ctx, g.Client, cmd)
+		err := g.run(ctx, cmd)
 		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
 			if failed := g.Settle(groups, cmd, err); failed != nil {
 				g.oneByOne(ctx, failed)
@@ -54,13 +60,26 @@ func (g *Grouped[G]) Run(ctx context.Context, groups []G, together bool) {
 	g.oneByOne(ctx, groups)
 }
 
+func (g *Grouped[G]) run(ctx context.Context, cmd *redis.IntSliceCmd) error {
+	if g.RoundTrip == nil {
+		return g.Script.Run(ctx, g.Client, cmd)
+	}
+	return g.Script.RunTimed(ctx, g.Client, cmd, g.RoundTrip)
+}
+
 // oneByOne sends one call per group, pipelined.
 func (g *Grouped[G]) oneByOne(ctx context.Context, groups []G) {
 	cmds := make([]*redis.IntSliceCmd, len(groups))
 	for i := range groups {
 		cmds[i] = g.Build(ctx, groups[i:i+1])
 	}
+	start := time.Now()
 	errs := g.Script.RunAll(ctx, g.Client, cmds)
+	if g.RoundTrip != nil {
+		for i := range errs {
+			errs[i] = Observe(g.RoundTrip, start, cmds[i].Val(), errs[i])
+		}
+	}
 	for i := range groups {
 		g.Settle(groups[i:i+1], cmds[i], errs[i])
 	}

@@ -8,8 +8,12 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/deadline"
 )
 
 // Script is a Lua script whose reply is an array of integers. The zero
@@ -17,6 +21,11 @@ import (
 type Script struct {
 	src, sha       string
 	argSrc, argSha any // boxed once
+	// loaded is set once a call of the script succeeded: until then it is
+	// sent as EVAL, which loads it, rather than as an EVALSHA that a fresh
+	// server refuses (NOSCRIPT), saving a round trip on a first call (a
+	// far server's first call also dials: every round trip counts).
+	loaded atomic.Bool
 }
 
 // New returns the script of source src.
@@ -53,10 +62,16 @@ type pipeliner interface {
 // does not have the script (NOSCRIPT: the script cache was flushed or the
 // server restarted), which also loads it.
 func (s *Script) Run(ctx context.Context, c redis.Scripter, cmd *redis.IntSliceCmd) error {
+	if !s.loaded.Load() {
+		s.asEval(cmd)
+	}
 	err := s.process(ctx, c, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		s.asEval(cmd)
 		err = s.process(ctx, c, cmd)
+	}
+	if err == nil && !s.loaded.Load() {
+		s.loaded.Store(true)
 	}
 	return err
 }
@@ -82,6 +97,26 @@ func (s *Script) process(ctx context.Context, c redis.Scripter, cmd *redis.IntSl
 	cmd.SetVal(vals)
 	cmd.SetErr(err)
 	return err
+}
+
+// RunTimed is Run, recording the call's round trip in rt, and its
+// reply's last integer as the server's instant (µs since the Unix epoch:
+// the admission scripts end their replies with it; a reply of one integer
+// carries none); see deadline.RoundTrip.Done.
+func (s *Script) RunTimed(ctx context.Context, c redis.Scripter, cmd *redis.IntSliceCmd, rt *deadline.RoundTrip) error {
+	start := time.Now()
+	err := s.Run(ctx, c, cmd)
+	return Observe(rt, start, cmd.Val(), err)
+}
+
+// Observe records in rt a call sent at start that replied v or failed
+// with err, as RunTimed does, and returns err explained.
+func Observe(rt *deadline.RoundTrip, start time.Time, v []int64, err error) error {
+	server := int64(-1)
+	if len(v) > 1 {
+		server = v[len(v)-1]
+	}
+	return rt.Done(start, server, err)
 }
 
 // RunAll sends cmds in one pipeline where c has one (else one after
