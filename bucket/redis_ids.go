@@ -13,7 +13,6 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
-	"github.com/queuethrottle/queuethrottle/internal/redisscript"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -84,7 +83,8 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	start := time.Now()
 	cmd := idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, l.now(), l.held.Arg(k))
 	res, err := cmd.Result()
-	if err = l.observe(start, res, err); err != nil {
+	if err != nil {
+		err = l.rt.Done(start, -1, err)
 		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
@@ -98,6 +98,7 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 		}
 	}
 	allowed, credit, wait, reserved, paused, now := v[0] == 1, v[1], v[2], v[3] == 1, v[4] == 1, v[5]
+	l.rt.Done(start, now, nil)
 	if credit < -lim.p.maxDebt || credit > lim.p.cap || wait < 0 {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
@@ -130,17 +131,4 @@ func (l *Redis) ready(ctx context.Context) error {
 		return fmt.Errorf("bucket: redis: %w", err)
 	}
 	return nil
-}
-
-// observe records in l's RoundTrip a call of bucket_id.lua sent at start
-// that replied res (its last integer the script's instant) or failed with
-// err, and returns err explained.
-func (l *Redis) observe(start time.Time, res any, err error) error {
-	var v []int64
-	if vals, ok := res.([]any); ok && len(vals) > 0 {
-		if now, ok := vals[len(vals)-1].(int64); ok {
-			v = []int64{0, now}
-		}
-	}
-	return redisscript.Observe(l.rt, start, v, err)
 }

@@ -2,8 +2,6 @@ package bucket
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,43 +44,14 @@ func TestSlowRedisKeepsDeciding(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx := context.Background()
-			var admitted, late, failed, calls, longest atomic.Int64
-			const run = 3 * time.Second
-			stop := time.Now().Add(run)
-			var wg sync.WaitGroup
-			for range 16 {
-				wg.Go(func() {
-					for time.Now().Before(stop) {
-						start := time.Now()
-						d, err := l.AllowN(ctx, "k", 1)
-						took := int64(time.Since(start))
-						for old := longest.Load(); took > old && !longest.CompareAndSwap(old, took); old = longest.Load() {
-						}
-						calls.Add(1)
-						switch {
-						case err != nil:
-							failed.Add(1)
-							time.Sleep(10 * time.Millisecond) // as a consumer's retry would
-						case d.Allowed:
-							admitted.Add(1)
-							if time.Until(stop) < 2*time.Second {
-								late.Add(1)
-							}
-						default:
-							time.Sleep(min(d.RetryAfter, 100*time.Millisecond))
-						}
-					}
-				})
-			}
-			wg.Wait()
+			load := redistest.Hammer(l, "k", 16, 3*time.Second, time.Second)
 			dialed := client.PoolStats().Misses
-			t.Logf("%d calls: %d admitted (%d in the last 2 s), %d failed; longest %v; %d connections dialed", calls.Load(), admitted.Load(), late.Load(), failed.Load(), time.Duration(longest.Load()), dialed)
+			t.Logf("%+v (Settled: in the last 2 s), connections dialed %d", load, dialed)
 			// Past the first second (the first connections' handshakes take
 			// longer than the timeout, and may open the Hybrid's breaker),
 			// at least half the rate.
-			if late.Load() < int64(rate.Count) {
-				t.Errorf("%d admitted in the last 2 s at 100/1s, want at least %d", late.Load(), rate.Count)
+			if load.Settled < int64(rate.Count) {
+				t.Errorf("%d admitted in the last 2 s at 100/1s, want at least %d", load.Settled, rate.Count)
 			}
 			if dialed > 8 {
 				t.Errorf("%d connections dialed for 16 goroutines: timed-out calls cost their connections", dialed)

@@ -270,8 +270,7 @@ func (l *Redis) expiry(ctx context.Context) any {
 	if e := l.lastExpiry.Load(); e != nil && e.at.Equal(dl) {
 		return e.arg
 	}
-	at, _ := l.rt.Expiry(ctx)
-	e := &expiryArg{at: dl, arg: strconv.FormatInt(at, 10)}
+	e := &expiryArg{at: dl, arg: strconv.FormatInt(l.rt.Expiry(dl), 10)}
 	l.lastExpiry.Store(e)
 	return e.arg
 }

@@ -139,22 +139,13 @@ func (r *RoundTrip) average(rtt time.Duration) {
 }
 
 // Expiry returns the instant, µs since the Unix epoch in the server's
-// clock, after which a script called under ctx must apply nothing: ctx's
-// deadline less the grace (the reply then has a round trip to come back).
-// Until a reply has carried the server's instant, the clocks are taken to
-// agree: a script refused because the server's clock is ahead replies
-// with its instant, and the next call is judged right. ok is false when
-// ctx has no deadline.
-func (r *RoundTrip) Expiry(ctx context.Context) (at int64, ok bool) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return 0, false
-	}
-	var off time.Duration
-	if o := r.off.Load(); o != nil {
-		off = o.d
-	}
-	return dl.Add(off - r.Grace()).UnixMicro(), true
+// clock, after which a script called with the deadline dl must apply
+// nothing: dl less the grace (the reply then has a round trip to come
+// back). Until a reply has carried the server's instant, the clocks are
+// taken to agree: a script refused because the server's clock is ahead
+// replies with its instant, and the next call is judged right.
+func (r *RoundTrip) Expiry(dl time.Time) int64 {
+	return dl.Add(r.Offset() - r.Grace()).UnixMicro()
 }
 
 // Offset returns the estimate of the server's clock minus this machine's

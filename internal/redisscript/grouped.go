@@ -31,8 +31,8 @@ type Grouped[G any] struct {
 	// errors.
 	Build  func(ctx context.Context, groups []G) *redis.IntSliceCmd
 	Settle func(groups []G, cmd *redis.IntSliceCmd, err error) (failed []G)
-	// RoundTrip, if set, records each call's round trip and the server's
-	// instant that ends its reply (see Script.RunTimed).
+	// RoundTrip records each call's round trip and the server's instant
+	// that ends its reply (see Script.RunTimed).
 	RoundTrip *deadline.RoundTrip
 
 	oneKey atomic.Bool
@@ -47,7 +47,7 @@ func (g *Grouped[G]) OneKeyPerCall() { g.oneKey.Store(true) }
 func (g *Grouped[G]) Run(ctx context.Context, groups []G, together bool) {
 	if len(groups) > 1 && together && !g.oneKey.Load() {
 		cmd := g.Build(ctx, groups)
-		err := g.run(ctx, cmd)
+		err := g.Script.RunTimed(ctx, g.Client, cmd, g.RoundTrip)
 		if err == nil || !redis.HasErrorPrefix(err, "CROSSSLOT") {
 			if failed := g.Settle(groups, cmd, err); failed != nil {
 				g.oneByOne(ctx, failed)
@@ -60,26 +60,22 @@ func (g *Grouped[G]) Run(ctx context.Context, groups []G, together bool) {
 	g.oneByOne(ctx, groups)
 }
 
-func (g *Grouped[G]) run(ctx context.Context, cmd *redis.IntSliceCmd) error {
-	if g.RoundTrip == nil {
-		return g.Script.Run(ctx, g.Client, cmd)
-	}
-	return g.Script.RunTimed(ctx, g.Client, cmd, g.RoundTrip)
-}
-
 // oneByOne sends one call per group, pipelined.
 func (g *Grouped[G]) oneByOne(ctx context.Context, groups []G) {
+	if len(groups) == 0 {
+		return
+	}
 	cmds := make([]*redis.IntSliceCmd, len(groups))
 	for i := range groups {
 		cmds[i] = g.Build(ctx, groups[i:i+1])
 	}
 	start := time.Now()
 	errs := g.Script.RunAll(ctx, g.Client, cmds)
-	if g.RoundTrip != nil {
-		for i := range errs {
-			errs[i] = Observe(g.RoundTrip, start, cmds[i].Val(), errs[i])
-		}
+	last := len(cmds) - 1 // one pipeline, one round trip: recorded once
+	for i := range last {
+		errs[i] = g.RoundTrip.Explain(errs[i])
 	}
+	errs[last] = Observe(g.RoundTrip, start, cmds[last].Val(), errs[last])
 	for i := range groups {
 		g.Settle(groups[i:i+1], cmds[i], errs[i])
 	}
