@@ -27,6 +27,11 @@
 --          short of full, so that its key exists (0: none known). A key
 --          missing before then, while not paused, was lost: the bucket
 --          starts empty at now, written (see bucket.lua).
+-- ARGV[11] with the server's TIME: an instant, µs, after which the script
+--          applies nothing and returns {-1, now}: its caller has given up
+--          (Redis was slow or stalled), and an id admitted that nobody
+--          knows of would let its redelivery run free, later. "" or
+--          absent: none.
 --
 -- A stored per other than ARGV[1] is converted (convert.lua).
 --
@@ -65,7 +70,11 @@ local maxdebt = tonumber(ARGV[7])
 local memory = tonumber(ARGV[8])
 local held = tonumber(ARGV[10])
 
-local credit, ts, missing = refill(key, per, count, cap, clock(ARGV[9])) -- convert.lua
+local now0 = clock(ARGV[9]) -- convert.lua
+if ARGV[11] and ARGV[11] ~= "" and now0 > tonumber(ARGV[11]) then
+	return {-1, now0}
+end
+local credit, ts, missing = refill(key, per, count, cap, now0)
 local now = ts
 
 -- Paused (Pause): reject, write nothing.

@@ -124,11 +124,12 @@ func TestRedisIDKeysExpire(t *testing.T) {
 	}
 }
 
-// TestRedisIDLostReply presents an id whose first call timed out while
-// Redis was stopped: Redis ran the script after the client gave up (the
-// reply was lost), and the id presented again is admitted without a
-// second charge.
-func TestRedisIDLostReply(t *testing.T) {
+// TestRedisIDStalledAppliesNothingLate presents an id whose first call
+// timed out while Redis was stopped: Redis ran the script after the client
+// gave up, and it applied nothing, so the id presented again is admitted
+// then, charged once (not admitted free on a decision nobody saw, which
+// would let a redelivery run at any later instant).
+func TestRedisIDStalledAppliesNothingLate(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	l, err := NewRedis(client, throttle.PerSecond(1), 3, WithPrefix(freshPrefix()), WithTimeout(100*time.Millisecond))
@@ -141,6 +142,8 @@ func TestRedisIDLostReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustAllowID(t, twin, "k", "warm", 1, 0, true, false) // and the id script
+	direct := srv.Client(t)
+	scripts := redistest.ScriptCalls(t, direct)
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -151,16 +154,14 @@ func TestRedisIDLostReply(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("AllowID while Redis is stopped: %v, want a deadline error", err)
 	}
-	// The script ran once Redis resumed: m is admitted and charged.
-	ids := rediskey.Key(l.prefix, "k") + idsSuffix
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := client.ZScore(ctx, ids, "A:m").Result(); err == nil {
-			break
-		} else if !errors.Is(err, redis.Nil) || time.Now().After(deadline) {
-			t.Fatalf("ZSCORE A:m: %v; want the lost call to have admitted m", err)
+	for deadline := time.Now().Add(5 * time.Second); redistest.ScriptCalls(t, direct) < scripts+1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled call never ran")
 		}
-		time.Sleep(5 * time.Millisecond)
+	}
+	ids := rediskey.Key(l.prefix, "k") + idsSuffix
+	if err := direct.ZScore(ctx, ids, "A:m").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("ZSCORE A:m: %v; want nil: the stalled call admitted m after its caller's deadline", err)
 	}
 	d := mustAllowID(t, l, "k", "m", 1, 0, true, false)
 	if d.Remaining != 0 {

@@ -60,7 +60,11 @@ const idsSuffix = ":ids"
 // 0 or (WithQuotas) an invalid quota, both before any Redis call; otherwise a Redis or context error
 // (including the WithTimeout deadline), wrapped as "bucket: redis: ...".
 // After such an error the request may or may not have been decided:
-// presenting the same id again never charges it twice.
+// presenting the same id again never charges it twice. With the server's
+// TIME, a script that runs after ctx's deadline less one round trip (Redis
+// was slow or stalled; in Redis's clock, the offset estimated from the
+// replies) applies nothing, so the id is not found admitted later on a
+// decision nobody saw; that error matches context.DeadlineExceeded.
 func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
@@ -81,13 +85,18 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	keys := []string{k, k + idsSuffix, k + pause.Suffix}
 	h := strconv.FormatInt(horizonMicros(horizon), 10)
 	start := time.Now()
-	cmd := idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, l.now(), l.held.Arg(k))
+	cmd := idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, l.now(), l.held.Arg(k), l.expiry(ctx))
 	res, err := cmd.Result()
 	if err != nil {
 		err = l.rt.Done(start, -1, err)
 		return throttle.Decision{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	vals, ok := res.([]any)
+	if ok && len(vals) == 2 && vals[0] == int64(-1) { // {-1, now}: ran too late, applied nothing
+		now, _ := vals[1].(int64)
+		l.rt.Done(start, now, nil)
+		return throttle.Decision{}, l.rt.Explain(errLate)
+	}
 	if !ok || len(vals) != 6 {
 		return throttle.Decision{}, fmt.Errorf("%w: %v", errReply, res)
 	}
@@ -120,6 +129,26 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 }
 
 var _ throttle.IDLimiter = (*Redis)(nil)
+
+var argNoExpiry any = ""
+
+// errLate is the error of an AllowID whose script ran after its caller's
+// deadline less its grace (see deadline.RoundTrip.Expiry) and so applied
+// nothing. It matches context.DeadlineExceeded: the call came too late.
+var errLate = fmt.Errorf("bucket: redis: the script ran after its caller's deadline and applied nothing (Redis was slow or stalled): %w", context.DeadlineExceeded)
+
+// expiry returns bucket_id.lua's ARGV[11]: the instant after which it
+// applies nothing (deadline.RoundTrip.Expiry of ctx's deadline), so that
+// a script that runs only after its caller gave up admits no id that its
+// redelivery would find admitted, later. A client clock, or no deadline:
+// none (the script cannot tell that it runs late).
+func (l *Redis) expiry(ctx context.Context) any {
+	dl, ok := ctx.Deadline()
+	if !ok || l.clock != nil {
+		return argNoExpiry
+	}
+	return strconv.FormatInt(l.rt.Expiry(dl), 10)
+}
 
 // ready makes sure the WithServerClock estimate exists (see
 // redisclock.Clock.Ready); without WithServerClock it does nothing.

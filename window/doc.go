@@ -202,11 +202,12 @@
 // decision is queued gets the context's error and is charged nothing;
 // once its decision is in a flush, it gets the context's error at once
 // and Redis may still apply the decision (as with any lost reply; ids
-// make a retry of AllowID free), unless the script runs more than 1 s
-// after the caller's deadline (Redis was stalled): with the server's TIME
-// it then applies nothing, and the decision fails with an error saying
-// so. (So the clocks of the workers and the Redis server must agree
-// within about a second, as NTP keeps them.) Since a limiter has at most two calls in
+// make a retry of AllowID free), unless the script runs after the
+// caller's deadline less one round trip (Redis was slow or stalled), in
+// Redis's clock (the offset is estimated from the replies, each of which
+// carries the server's instant): with the server's TIME it then applies
+// nothing, and the decision fails with an error matching
+// context.DeadlineExceeded. Since a limiter has at most two calls in
 // flight, its decisions do not wait for pooled connections either. A
 // flush that times out is an error for every decision in it, and the
 // throttle.Gate's failure policy decides. One call may charge at most

@@ -73,17 +73,91 @@ func WrapPulled(f func(jetstream.Msg) jetstream.Msg) KeyedOption {
 
 // keyPuller pulls one key's messages through its own durable consumer.
 type keyPuller struct {
-	key   string
-	cfg   jetstream.ConsumerConfig
-	cons  jetstream.Consumer // nil until created
-	ahead chan struct{}      // a token per pulled message that has not started (keyAhead)
+	key  string
+	cfg  jetstream.ConsumerConfig
+	cons jetstream.Consumer // nil until created
+
+	mu      sync.Mutex
+	ahead   int           // pulled messages that have not started
+	freed   chan struct{} // signalled when ahead drops
+	rtt     time.Duration // moving average of the key's rate decisions
+	gap     time.Duration // moving average between the key's admissions
+	lastRun time.Time     // of the key's last admission
 }
 
-// keyAhead is how many pulled messages of a key may wait for their
-// handlers at once: the next is pulled (and its rate decides) while the
-// last waits, so that a key at its rate is never decided late because its
-// last message waited for a handler.
-const keyAhead = 2
+// Messages of a key pulled ahead of their start. keyAhead may wait for
+// their handlers at once: the next is pulled (and its rate decides) while
+// the last waits, so that a key at its rate is never decided late because
+// its last message waited for a handler. A slow store adds as many as the
+// key admits during two of its decisions (the decision and the claim of a
+// reserved slot), up to maxKeyAhead: otherwise a key could never start
+// faster than one message per decision round trip.
+const (
+	keyAhead    = 2
+	maxKeyAhead = 16
+)
+
+// limit is how many of p's messages may be pulled ahead of their start.
+func (p *keyPuller) limit() int {
+	if p.gap <= 0 {
+		return keyAhead
+	}
+	return min(keyAhead+int(2*p.rtt/p.gap), maxKeyAhead)
+}
+
+// pullAhead waits until one more of p's messages may be pulled and counts
+// it; false if ctx ended first.
+func (p *keyPuller) pullAhead(ctx context.Context) bool {
+	for {
+		p.mu.Lock()
+		if p.ahead < p.limit() {
+			p.ahead++
+			p.mu.Unlock()
+			return true
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.freed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// started uncounts one of p's messages pulled ahead: it started or ended.
+func (p *keyPuller) started() {
+	p.mu.Lock()
+	p.ahead--
+	p.mu.Unlock()
+	select {
+	case p.freed <- struct{}{}:
+	default:
+	}
+}
+
+// decided folds a rate decision of p's that took took, and admitted or
+// not, into the averages limit reads (weight 1/4).
+func (p *keyPuller) decided(took time.Duration, admitted bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rtt = average(p.rtt, took)
+	if !admitted {
+		return
+	}
+	now := time.Now()
+	if !p.lastRun.IsZero() {
+		p.gap = average(p.gap, max(now.Sub(p.lastRun), time.Millisecond))
+	}
+	p.lastRun = now
+}
+
+// average is the moving average avg with d folded in at weight 1/4.
+func average(avg, d time.Duration) time.Duration {
+	if avg <= 0 {
+		return d
+	}
+	return avg + (d-avg)/4
+}
 
 // ConsumeByKey pulls the messages of stream whose subjects match
 // cfg.FilterSubject, which has one "*" token: the key (e.g. "jobs.*", the
@@ -96,14 +170,16 @@ const keyAhead = 2
 // subject filter). Every process that calls ConsumeByKey with the same cfg
 // shares these consumers, so each message is delivered to one of them.
 //
-// Each key has at most one message in process that has not started: it
-// waits for its handler in the Handler's fair shares (WithConcurrency(n)
+// A key has few messages in process that have not started: 2, and with a
+// slow store as many more as the key admits during two decision round
+// trips, at most 16. Each is decided by the Gate as it is pulled, waits
+// for its handler in the Handler's fair shares (WithConcurrency(n)
 // handlers, WithWeights), then takes its in-flight slot (WithInFlight) and
-// its admission from the Gate, and runs; only then is the key's next
-// message pulled. A message its limits refuse is not NAKed: it waits in
-// process with InProgress heartbeats (a third of AckWait apart) until its
-// retry-after (or, refused an in-flight slot, until a handler of its key
-// ends here), and its key's other messages wait in the stream meanwhile.
+// runs; the key's next message is pulled when one of them starts. A
+// message its limits refuse is not NAKed: it waits in process with
+// InProgress heartbeats (a third of AckWait apart) until its retry-after
+// (or, refused an in-flight slot, until a handler of its key ends here),
+// and its key's other messages wait in the stream meanwhile.
 // So a flood of one key costs its messages nothing but their wait, and
 // other keys' messages are pulled and started as they come (see Fair
 // shares in the package documentation).
@@ -300,7 +376,7 @@ func (kc *KeyedConsumer) add(key string) {
 	cfg.FilterSubject = strings.Join(tokens, ".")
 	cfg.Durable = keyConsumerName(kc.cfg.Durable, key)
 	cfg.Name = ""
-	p := &keyPuller{key: key, cfg: cfg, ahead: make(chan struct{}, keyAhead)}
+	p := &keyPuller{key: key, cfg: cfg, freed: make(chan struct{}, 1)}
 	kc.keys[key] = p
 	kc.wg.Add(1)
 	go kc.pull(p)
@@ -342,8 +418,9 @@ func escapedName(base, key string) string {
 	return b.String()
 }
 
-// pull pulls p's messages one at a time until Stop: the next one once the
-// last has started (see take).
+// pull pulls p's messages one at a time until Stop, each while fewer than
+// p.limit() pulled before it have not started, and hands each to take on
+// a goroutine of its own.
 func (kc *KeyedConsumer) pull(p *keyPuller) {
 	defer kc.wg.Done()
 	for kc.ctx.Err() == nil {
@@ -358,9 +435,7 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 			}
 			p.cons = cons
 		}
-		select {
-		case p.ahead <- struct{}{}:
-		case <-kc.ctx.Done():
+		if !p.pullAhead(kc.ctx) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(kc.ctx, fetchWait)
@@ -373,7 +448,8 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 				if kc.wrap != nil {
 					msg = kc.wrap(msg)
 				}
-				kc.take(p, msg)
+				kc.wg.Add(1)
+				go kc.take(p, msg)
 			}
 			if !got {
 				kc.h.sched.SetBacklog(p.key, 0)
@@ -382,7 +458,7 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 		}
 		cancel()
 		if !got {
-			<-p.ahead
+			p.started()
 		}
 		if err != nil && !quietFetchError(err) && kc.ctx.Err() == nil {
 			kc.report(fmt.Errorf("fetch from %s: %w", p.cfg.Durable, err))
@@ -404,17 +480,18 @@ func quietFetchError(err error) bool {
 // take is the life of one pulled message until it starts. Its rate
 // decides at once, as it arrives (deciding once a handler is free would
 // push a key that sends at its rate later with every wait, for good);
-// refused, it waits here for the retry-after, and its key's other
-// messages wait in the stream. Admitted, it waits for a handler in its
-// key's fair share on a goroutine of its own (await), and take returns,
-// so that the key's next message is pulled (up to keyAhead waiting).
+// refused, it waits here for the retry-after, and its key's messages not
+// pulled yet wait in the stream. Admitted, it waits for a handler in its
+// key's fair share (await). It is counted among p's messages pulled ahead
+// until then.
 func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
+	defer kc.wg.Done()
 	h := kc.h
 	ctx, span := h.startSpan(msg)
 	if md, err := msg.Metadata(); err == nil {
 		h.sched.SetBacklog(p.key, int(md.NumPending))
 	}
-	done := func() { <-p.ahead }
+	done := p.started
 	tkey, cost, err := h.request(msg)
 	if err != nil {
 		h.terminate(ctx, span, msg, err)
@@ -426,7 +503,9 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
 	r.id, r.waitKey, r.delivery = requestID(msg)
 	beat := time.NewTicker(h.heartbeat)
 	for {
+		asked := time.Now()
 		v := h.rate(ctx, span, r)
+		p.decided(time.Since(asked), v.run)
 		if v.done {
 			beat.Stop()
 			span.End()
@@ -443,13 +522,9 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
 		}
 	}
 	t := h.sched.Arrive(p.key, fair.Arrival{})
-	kc.wg.Add(1)
-	go func() {
-		defer kc.wg.Done()
-		defer beat.Stop()
-		defer done()
-		kc.await(ctx, span, r, t, beat)
-	}()
+	defer beat.Stop()
+	defer done()
+	kc.await(ctx, span, r, t, beat)
 }
 
 // await waits for the admitted r's handler in its key's fair share, then

@@ -10,8 +10,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // keyedCfg is the template of the per-key consumers of the tests.
@@ -184,6 +188,61 @@ func TestConsumeByKeyWaitsForRate(t *testing.T) {
 	}
 	if most := maxInWindow(lim.admitted(), r.Per); most > r.Count {
 		t.Errorf("%d admissions in one %v window, want <= %d", most, r.Per, r.Count)
+	}
+}
+
+// TestConsumeByKeySlowStore: a flood of one key behind a Redis 100 ms
+// away (50 ms each way) still starts at its rate: a key's decisions are
+// not one round trip after the other (that would admit at most 5 in a
+// window of 500 ms, where the limit is 10). Judged on the admission
+// instants in Redis's own record: the limit holds, and is reached;
+// nothing is NAKed and each message runs once.
+func TestConsumeByKeySlowStore(t *testing.T) {
+	e := newEnv(t)
+	srv := redistest.Start(t)
+	proxy := redistest.NewLatencyProxy(t, srv, 50*time.Millisecond)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	r := throttle.Rate{Count: 10, Per: 500 * time.Millisecond}
+	prefix := redistest.Prefix("natsthrottle")
+	lim, err := window.NewRedis(client, r, window.WithPrefix(prefix), window.WithTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The horizon is also how long Redis keeps admitted units past their
+	// window: the record is read at the end.
+	g, err := throttle.NewGate(lim, throttle.WithReservations(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 60
+	s := newStarts(0)
+	naked := e.watch(t, nakAdvisory)
+	h := newHandler(t, s.handle, g, WithConcurrency(8), WithConsumerConfig(keyedCfg), WithDecisionTimeout(2*time.Second))
+	for i := range total {
+		e.publish(t, "jobs.flood", fmt.Sprint(i), nil)
+	}
+	consumeByKey(t, e, h)
+	waitFor(t, 20*time.Second, "every message handled", func() bool { return s.handled() == total })
+	var admitted []time.Time
+	for _, z := range srv.Client(t).ZRangeWithScores(testCtx(t), rediskey.Key(prefix, "jobs.flood"), 0, -1).Val() {
+		if m, _ := z.Member.(string); strings.HasPrefix(m, "A") {
+			admitted = append(admitted, time.UnixMicro(int64(z.Score)))
+		}
+	}
+	if len(admitted) != total {
+		t.Fatalf("Redis holds %d admissions, want %d", len(admitted), total)
+	}
+	if most := maxInWindow(admitted, r.Per); most > r.Count || most < r.Count*9/10 {
+		t.Errorf("at most %d admitted in one %v window, want %d (the limit) or at least 0.9 of it", most, r.Per, r.Count)
+	}
+	if n := len(naked.all()); n != 0 {
+		t.Errorf("%d NAKs, want 0", n)
+	}
+	for seq, n := range s.runs {
+		if n != 1 {
+			t.Errorf("stream seq %d handled %d times", seq, n)
+		}
 	}
 }
 

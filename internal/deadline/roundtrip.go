@@ -140,12 +140,17 @@ func (r *RoundTrip) average(rtt time.Duration) {
 
 // Expiry returns the instant, µs since the Unix epoch in the server's
 // clock, after which a script called with the deadline dl must apply
-// nothing: dl less the grace (the reply then has a round trip to come
-// back). Until a reply has carried the server's instant, the clocks are
-// taken to agree: a script refused because the server's clock is ahead
-// replies with its instant, and the next call is judged right.
+// nothing: dl less one round trip (the reply then has that long to come
+// back). dl may be the caller's own, sooner than Bound's. Before any
+// round trip was observed, dl itself: the one before the first reply
+// would be MaxGrace timeouts, which would refuse every first call under
+// a caller's deadline shorter than that. Until a reply has carried the
+// server's instant, the clocks are taken to agree: a script refused
+// because the server's clock is ahead replies with its instant, and the
+// next call is judged right.
 func (r *RoundTrip) Expiry(dl time.Time) int64 {
-	return dl.Add(r.Offset() - r.Grace()).UnixMicro()
+	back := min(r.Estimate(), MaxGrace*r.timeout)
+	return dl.Add(r.Offset() - back).UnixMicro()
 }
 
 // Offset returns the estimate of the server's clock minus this machine's

@@ -14,6 +14,12 @@ func TestRoundTrip(t *testing.T) {
 	if g := r.Grace(); g != 200*time.Millisecond {
 		t.Fatalf("grace before any reply = %v, want 2 x the timeout", g)
 	}
+	// Before any reply, a caller's deadline sooner than the grace still
+	// leaves the script until that deadline.
+	soon := time.Now().Add(50 * time.Millisecond)
+	if at := r.Expiry(soon); at != soon.UnixMicro() {
+		t.Fatalf("expiry before any reply %d, want the deadline %d", at, soon.UnixMicro())
+	}
 	// A reply after 10 ms whose server clock is 5 s ahead of this one.
 	start := time.Now().Add(-10 * time.Millisecond)
 	server := start.Add(5*time.Millisecond + 5*time.Second).UnixMicro()
