@@ -286,8 +286,9 @@ func TestAllPeek(t *testing.T) {
 	}
 }
 
-// TestAllGate: a Gate over All decides; AdmitID falls back to AllowN (All
-// is not an IDLimiter), so it never reserves.
+// TestAllGate: NewGate refuses WithReservations over All (not an
+// IDLimiter), naming both; a Gate over All decides, and AdmitID falls back
+// to AllowN, so it never reserves.
 func TestAllGate(t *testing.T) {
 	ctx := context.Background()
 	clock := throttletest.NewClock(throttletest.T0)
@@ -301,7 +302,11 @@ func TestAllGate(t *testing.T) {
 	if _, ok := lim.(throttle.IDLimiter); ok {
 		t.Fatal("All is an IDLimiter")
 	}
-	g, err := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
+	if _, err := throttle.NewGate(lim, throttle.WithReservations(time.Minute)); !errors.Is(err, throttle.ErrInvalidOption) ||
+		!strings.Contains(err.Error(), "WithReservations") || !strings.Contains(err.Error(), "all(token_bucket,sliding_window_log)") {
+		t.Fatalf("NewGate(All(...), WithReservations): %v; want an error naming both", err)
+	}
+	g, err := throttle.NewGate(lim)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import "go.opentelemetry.io/otel/attribute"
 
 // Span attributes that the Gate sets on every decision span.
 const (
-	KeyAttr          = attribute.Key("throttle.key")            // string: the limiter key
+	KeyAttr          = attribute.Key("throttle.key")            // string: the limiter key (spans; metrics with WithKeyMetrics: its label)
 	AlgorithmAttr    = attribute.Key("throttle.algorithm")      // string: e.g. "sliding_window_log"
 	CostAttr         = attribute.Key("throttle.cost")           // int: n
 	LimitAttr        = attribute.Key("throttle.limit")          // int: Decision.Limit
@@ -22,7 +22,8 @@ const (
 	// SpanName is the name of the span the Gate starts for each decision.
 	SpanName = "throttle.admit"
 	// DecisionsMetric counts decisions, labelled by throttle.outcome and
-	// throttle.source. Unit: {decision}.
+	// throttle.source, and with WithKeyMetrics by throttle.key (bounded).
+	// Unit: {decision}. Prometheus: throttle_decisions_total.
 	DecisionsMetric = "throttle.decisions"
 	// DurationMetric is the latency of a decision in seconds, labelled like
 	// DecisionsMetric.

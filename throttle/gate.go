@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -57,7 +58,8 @@ type Gate struct {
 
 	logger   *slog.Logger // nil: no logs
 	failures failureLog
-	aimd     *AIMD // WithAIMD: Pause decreases the key's limit
+	aimd     *AIMD       // WithAIMD: Pause decreases the key's limit
+	keyed    *keyMetrics // WithKeyMetrics: nil, no key attribute
 }
 
 // NewGate returns a Gate over l. The limiter is required; errors wrap
@@ -81,10 +83,18 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 	if cfg.meterProvider == nil {
 		cfg.meterProvider = otel.GetMeterProvider()
 	}
-	g := &Gate{limiter: l, policy: cfg.policy, quotaPolicy: cfg.quotaPolicy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon, logger: cfg.logger, aimd: cfg.aimd}
+	g := &Gate{limiter: l, policy: cfg.policy, quotaPolicy: cfg.quotaPolicy, degradedRetry: cfg.degradedRetry, algorithm: cfg.algorithmOverride, horizon: cfg.horizon, logger: cfg.logger, aimd: cfg.aimd, keyed: cfg.keyMetrics}
 	g.ids, _ = l.(IDLimiter)
 	if a, ok := l.(Algorithmer); ok && g.algorithm == "" {
 		g.algorithm = a.Algorithm()
+	}
+	if g.horizon > 0 && g.ids == nil {
+		name := fmt.Sprintf("%T", l)
+		if g.algorithm != "" {
+			name = g.algorithm + " (" + name + ")"
+		}
+		return nil, &OptionError{Field: "WithReservations", Reason: "the limiter " + name +
+			" cannot reserve a slot: it is not a throttle.IDLimiter, so every rejection would bounce; drop WithReservations, or use a limiter with AllowID (window.Memory, window.Redis, bucket.Local, bucket.Redis)"}
 	}
 	if r, ok := l.(interface{ Rate() Rate }); ok {
 		g.limit = r.Rate().Count
@@ -300,8 +310,13 @@ func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bo
 	}
 	span.End()
 	if g.metered {
-		g.decisions.Add(ctx, 1, g.addOpts[outcome][src]...)
-		g.duration.Record(ctx, (monotonic() - start).Seconds(), g.recordOpts[outcome][src]...)
+		add, record := g.addOpts[outcome][src], g.recordOpts[outcome][src]
+		if g.keyed != nil {
+			ks := g.keyed.of(key)
+			add, record = ks.add[outcome][src], ks.record[outcome][src]
+		}
+		g.decisions.Add(ctx, 1, add...)
+		g.duration.Record(ctx, (monotonic() - start).Seconds(), record...)
 	}
 	if g.logger != nil {
 		g.logDecision(ctx, key, n, d, nil)

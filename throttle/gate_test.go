@@ -489,12 +489,17 @@ func TestGateAdmitID(t *testing.T) {
 	})
 	t.Run("a limiter without ids", func(t *testing.T) {
 		calls := 0
-		g, err := throttle.NewGate(throttle.LimiterFunc(func(context.Context, string, int) (throttle.Decision, error) {
+		lim := throttle.LimiterFunc(func(context.Context, string, int) (throttle.Decision, error) {
 			calls++
 			return throttle.Decision{Allowed: true, Limit: 1}, nil
-		}), throttle.WithReservations(time.Second))
+		})
+		_, err := throttle.NewGate(lim, throttle.WithReservations(time.Second))
+		require.ErrorIs(t, err, throttle.ErrInvalidOption, "no IDLimiter: reservations refused")
+		require.ErrorContains(t, err, "WithReservations")
+		require.ErrorContains(t, err, "throttle.LimiterFunc")
+		g, err := throttle.NewGate(lim)
 		require.NoError(t, err)
-		require.Zero(t, g.Reservations(), "no IDLimiter: no reservations")
+		require.Zero(t, g.Reservations())
 		d, err := g.AdmitID(ctx, "tenant", 1, "a")
 		require.NoError(t, err)
 		require.True(t, d.Allowed)

@@ -48,6 +48,7 @@ type gateConfig struct {
 	horizon           time.Duration
 	logger            *slog.Logger
 	aimd              *AIMD
+	keyMetrics        *keyMetrics // WithKeyMetrics
 }
 
 // WithTracerProvider sets the provider of the decision spans. Nil means the
@@ -127,8 +128,9 @@ func WithAlgorithm(name string) Option {
 // IDLimiter): the message then goes back to the broker once, with exactly
 // the delay to its slot, and is admitted on its reservation when it comes
 // back. 0 (the default) reserves nothing; AdmitID is then still
-// idempotent. It applies only to limiters that implement IDLimiter; must
-// be >= 0.
+// idempotent. It must be >= 0, and NewGate refuses a horizon > 0 over a
+// limiter that does not implement IDLimiter (such as All, or
+// bucket.Hybrid), naming both: it could reserve nothing.
 func WithReservations(horizon time.Duration) Option {
 	return optionFunc(func(c *gateConfig) error {
 		if horizon < 0 {

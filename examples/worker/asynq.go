@@ -115,7 +115,7 @@ func startAsynq(ctx context.Context, cfg config, queue string, tenants []string,
 		a.queueOf[t] = a.queues[i%len(a.queues)]
 	}
 	lim.admitted = rec.admitted
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithKeyMetrics(nil, maxTenantSeries), throttle.WithReservations(reservations))
 	if err != nil {
 		return nil, err
 	}

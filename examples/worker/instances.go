@@ -144,7 +144,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 		rw.send(record{Kind: "metrics", Addr: metricsAddr})
 	}
 	tp := noop.NewTracerProvider()
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(cfg.Reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithKeyMetrics(nil, maxTenantSeries), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return err
 	}
@@ -473,6 +473,9 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	}
 	if cfg.Trace != "" {
 		return report{}, errors.New("-trace is not supported with -instances: the spans are made in the worker processes")
+	}
+	if cfg.Linger > 0 {
+		return report{}, errors.New("-linger is not supported with -instances: each worker process serves its own metrics and ends with the run")
 	}
 	out = &syncWriter{w: out} // the worker processes' lines and the progress
 	var cl closers

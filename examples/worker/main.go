@@ -104,11 +104,12 @@
 // process serves its own on the port of ADDR plus its number, 1..N).
 // Prometheus shows them as:
 //
-//	throttle_decisions_total{throttle_outcome, throttle_source}
+//	throttle_decisions_total{throttle_outcome, throttle_source, throttle_key}
 //	    counter: decisions; outcome admitted, rejected or reserved (a
 //	    rejection that holds the message's own future slot), source
-//	    local, redis or degraded
-//	throttle_decision_duration_seconds_bucket{throttle_outcome, throttle_source, le}
+//	    local, redis or degraded, key the tenant (throttle.WithKeyMetrics:
+//	    the first 64 tenants, "other" beyond)
+//	throttle_decision_duration_seconds_bucket{throttle_outcome, throttle_source, throttle_key, le}
 //	throttle_decision_duration_seconds_sum, _count
 //	    histogram: time to make one decision, in seconds
 //	throttle_store_errors_total{throttle_algorithm}
@@ -196,9 +197,10 @@ type config struct {
 	// Reservations is the horizon of throttle.WithReservations: a rejected
 	// job reserves its own slot up to this far ahead. 0 turns them off.
 	Reservations time.Duration
-	Report       string // write the JSON report to this file
-	Plot         string // draw the run to this .svg or .html file
-	Metrics      string // serve the Gates' metrics for Prometheus on this address
+	Report       string        // write the JSON report to this file
+	Plot         string        // draw the run to this .svg or .html file
+	Metrics      string        // serve the Gates' metrics for Prometheus on this address
+	Linger       time.Duration // keep serving Metrics this long after the summary
 	// InFlight > 0 allows each tenant that many handlers at once, across
 	// every worker process (concurrency.NewRedis with -redis, else
 	// concurrency.NewMemory); Work is how long every handler takes.
@@ -256,7 +258,8 @@ func main() {
 	flag.DurationVar(&cfg.Reservations, "reservations", cfg.Reservations, "a rejected job reserves its own slot up to this `horizon` ahead and comes back once, to it (0: no reservations, rejections bounce)")
 	flag.StringVar(&cfg.Report, "report", "", "write the run's report as JSON to `FILE`")
 	flag.StringVar(&cfg.Plot, "plot", "", "draw the run per tenant (admissions per 100 ms against the limit, NAKs, reservations, holds, faults) to `FILE`.svg or FILE.html")
-	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464")
+	flag.StringVar(&cfg.Metrics, "metrics", "", "serve the throttle's OpenTelemetry metrics in Prometheus text format at http://`ADDR`/metrics while the worker runs, e.g. localhost:9464; per tenant (throttle_key)")
+	flag.DurationVar(&cfg.Linger, "linger", 0, "keep serving -metrics this `long` after the summary (needs -metrics, not with -instances), so that a periodic scrape sees the whole run")
 	flag.IntVar(&cfg.InFlight, "inflight", 0, "at most `N` handlers of a tenant at once, across every worker process (in Redis with -redis; 0: no limit)")
 	flag.DurationVar(&cfg.Work, "work", 0, "every handler takes this `duration` before it acks (below a quarter of the consumer's AckWait of 5s)")
 	flag.BoolVar(&cfg.Fair, "fair", cfg.Fair, "share the handlers fairly across tenants (max-min fair shares, weighted by the jobs file's \"weight\"); NATS pulls each tenant's messages from a consumer of its own when they can start. -fair=false: first come, first served, from one consumer")

@@ -18,6 +18,10 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
+// maxTenantSeries bounds the tenants the Gates' metrics name
+// (throttle.WithKeyMetrics); later ones count as "other".
+const maxTenantSeries = 64
+
 // serveMetrics returns the MeterProvider of the Gates for -metrics addr:
 // one whose metrics the OpenTelemetry Prometheus exporter puts in a
 // registry of its own, served in Prometheus text format at

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,9 +36,9 @@ func TestRunMetrics(t *testing.T) {
 	cfg.Timeout = 20 * time.Second
 	cfg.Metrics = freeAddr(t)
 	scrapeDuringRun(t, cfg,
-		`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="admitted"[^}]*throttle_source="local"[^}]*\} [1-9]`,
-		`(?m)^throttle_decisions_total\{[^}]*throttle_outcome="reserved"[^}]*throttle_source="local"[^}]*\} [1-9]`,
-		`(?m)^throttle_decision_duration_seconds_bucket\{`,
+		`(?m)^throttle_decisions_total\{[^}]*throttle_key="burst"[^}]*throttle_outcome="admitted"[^}]*throttle_source="local"[^}]*\} [1-9]`,
+		`(?m)^throttle_decisions_total\{[^}]*throttle_key="burst"[^}]*throttle_outcome="reserved"[^}]*throttle_source="local"[^}]*\} [1-9]`,
+		`(?m)^throttle_decision_duration_seconds_bucket\{[^}]*throttle_key="burst"`,
 	)
 }
 
@@ -106,6 +107,49 @@ func scrapeDuringRun(t *testing.T, cfg config, patterns ...string) {
 	}
 	if get(t, "http://"+cfg.Metrics+"/metrics") != nil {
 		t.Error("the metrics are still served after the run")
+	}
+}
+
+// TestRunMetricsLinger: with -linger the metrics, per tenant, are still
+// served after the summary, until the linger ends; without -metrics,
+// -linger is refused.
+func TestRunMetricsLinger(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.JobsPath = writeJobs(t, 5, "10/1s", 2)
+	cfg.Timeout = 20 * time.Second
+	cfg.Metrics = freeAddr(t)
+	cfg.Linger = 3 * time.Second
+	done := make(chan error, 1)
+	var out syncWriter
+	var buf bytes.Buffer
+	out.w = &buf
+	go func() {
+		_, err := work(context.Background(), cfg, &out)
+		done <- err
+	}()
+	lingering := func() bool {
+		out.mu.Lock()
+		defer out.mu.Unlock()
+		return bytes.Contains(buf.Bytes(), []byte("(-linger)"))
+	}
+	for deadline := time.Now().Add(15 * time.Second); !lingering(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the run never said it lingers")
+		}
+	}
+	body := get(t, "http://"+cfg.Metrics+"/metrics")
+	if !regexp.MustCompile(`(?m)^throttle_decisions_total\{[^}]*throttle_key="light"[^}]*\} [1-9]`).Match(body) {
+		t.Errorf("after the summary, no decisions of tenant light in:\n%s", body)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if get(t, "http://"+cfg.Metrics+"/metrics") != nil {
+		t.Error("the metrics are still served after the linger")
+	}
+	cfg.Metrics = ""
+	if _, err := work(context.Background(), cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "-linger") {
+		t.Errorf("-linger without -metrics: %v, want an error naming -linger", err)
 	}
 }
 

@@ -298,7 +298,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	all := strings.Join(exprs, "\n")
-	for _, m := range []string{"throttle_decisions_total", "throttle_decision_duration_seconds_bucket", "throttle_store_errors_total", "throttle_outcome", "throttle_source",
+	for _, m := range []string{"throttle_decisions_total", "throttle_decision_duration_seconds_bucket", "throttle_store_errors_total", "throttle_outcome", "throttle_source", "throttle_key",
 		"throttle_hybrid_decisions_total", "throttle_hybrid_redis_duration_seconds_bucket", "throttle_hybrid_redis_errors_total"} {
 		if !strings.Contains(all, m) {
 			t.Errorf("no panel queries %s", m)

@@ -148,6 +148,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 			proxy.Addr(), cfg.RedisLatency, 2*cfg.RedisLatency, cfg.RedisTimeout)
 	}
 	spec.Timeout = cfg.RedisTimeout
+	if cfg.Linger < 0 || (cfg.Linger > 0 && cfg.Metrics == "") {
+		return report{}, fmt.Errorf("-linger %v: needs -metrics ADDR and a duration >= 0 (it keeps the metrics endpoint serving after the summary)", cfg.Linger)
+	}
 	if cfg.Instances > 1 {
 		return workInstances(ctx, cfg, stdout, jf, q, spec, fs)
 	}
@@ -158,7 +161,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &cl)
+	var metricsCl closers // the metrics endpoint outlives the summary by -linger
+	defer metricsCl.run()
+	mp, metricsAddr, err := serveMetrics(cfg.Metrics, &metricsCl)
 	if err != nil {
 		return report{}, err
 	}
@@ -174,7 +179,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithReservations(cfg.Reservations))
+	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithKeyMetrics(nil, maxTenantSeries), throttle.WithReservations(cfg.Reservations))
 	if err != nil {
 		return report{}, err
 	}
@@ -310,10 +315,27 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		rep.Asynq = &arep
 	}
 	rep.print(out)
+	linger(ctx, cfg.Linger, metricsAddr, out)
 	if pubErr != nil {
 		return rep, fmt.Errorf("publish: %w", pubErr)
 	}
 	return rep, nil
+}
+
+// linger keeps the -metrics endpoint at addr serving for d after the
+// summary (-linger), so that a scrape every 15 s or so still sees the run;
+// ctx ending cuts it short.
+func linger(ctx context.Context, d time.Duration, addr string, out io.Writer) {
+	if d <= 0 || addr == "" {
+		return
+	}
+	fmt.Fprintf(out, "serving the metrics at http://%s/metrics for %v more (-linger)\n", addr, d)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // natsRun is the NATS side of a run: the connection (and the server's
