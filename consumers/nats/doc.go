@@ -8,7 +8,7 @@
 //	lim, _ := window.NewMemory(throttle.PerSecond(20))
 //	gate, _ := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
 //	h, err := natsthrottle.New(handle, gate, natsthrottle.WithConsumer(consumer))
-//	cc, _ := consumer.Consume(h.Handle)
+//	cc, _ := h.Consume(consumer) // consumer.Consume(h.Handle), buffering no more than it runs
 //	...
 //	cc.Drain()
 //	h.Close(ctx)
@@ -124,8 +124,8 @@
 // slots meanwhile wait in the client's buffer and claim late. The
 // messages the client buffers (jetstream.PullMaxMessages, default 500)
 // wait while the n run, and their AckWait runs meanwhile: with handlers
-// that take long, keep PullMaxMessages at about n, so that each is decided
-// well within AckWait. Otherwise the server redelivers a message whose
+// that take long, keep PullMaxMessages at about n (Handler.Consume does),
+// so that each is decided well within AckWait. Otherwise the server redelivers a message whose
 // first copy is still buffered, and both copies are handled (the worker
 // example, at 16 at once and a 1 s handler, handled 113 of 368 jobs twice
 // with the default, none with PullMaxMessages(16)).

@@ -88,7 +88,7 @@ func Example_quickStart() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	cc, err := cons.Consume(h.Handle, jetstream.PullMaxMessages(16)) // no more buffered than run at once
+	cc, err := h.Consume(cons) // buffers no more than the 16 it runs at once
 	if err != nil {
 		log.Fatal(err)
 	}
