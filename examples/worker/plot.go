@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -63,16 +64,29 @@ func checkPlotPath(path string) error {
 // plotRun writes the plot of -plot for rep, a run with cfg, and says so
 // on out.
 func plotRun(cfg config, rep report, out io.Writer) error {
-	tls := []timeline{rep.timeline}
+	tls := []timeline{withWaits(rep.timeline, rep.Tenants)}
 	if rep.Asynq != nil {
-		tls = append(tls, rep.Asynq.timeline)
+		tls = append(tls, withWaits(rep.Asynq.timeline, rep.Asynq.Tenants))
 	}
-	title := fmt.Sprintf("queuethrottle worker: %d jobs from %s, -limiter %s, -reservations %v", rep.Jobs, filepath.Base(cfg.JobsPath), cmp.Or(cfg.Limiter, familyWindow), cfg.Reservations)
+	title := fmt.Sprintf("queuethrottle worker: %d jobs from %s, -limiter %s, -reservations %v: %s", rep.Jobs, filepath.Base(cfg.JobsPath), cmp.Or(cfg.Limiter, familyWindow), cfg.Reservations, rep.verdict())
 	if err := writePlot(cfg.Plot, title, tls...); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "plot written to", cfg.Plot)
 	return nil
+}
+
+// withWaits returns tl with each tenant's wait percentiles from tenants.
+func withWaits(tl timeline, tenants []tenantReport) timeline {
+	tl.Tenants = slices.Clone(tl.Tenants)
+	for i := range tl.Tenants {
+		for _, r := range tenants {
+			if r.Tenant == tl.Tenants[i].Tenant {
+				tl.Tenants[i].WaitP50, tl.Tenants[i].WaitP99 = r.WaitP50, r.WaitP99
+			}
+		}
+	}
+	return tl
 }
 
 // writePlot draws the timelines (one per consumer) under the title and
@@ -126,7 +140,9 @@ const (
 	figHeader   = 0.45 * vg.Inch
 	upHeight    = 2.0 * vg.Inch
 	downHeight  = 1.3 * vg.Inch
-	panelGap    = 0.2 * vg.Inch
+	// compactHeight is the lower chart of a tenant with no NAK and no hold.
+	compactHeight = 0.8 * vg.Inch
+	panelGap      = 0.2 * vg.Inch
 )
 
 // Room for text: legendWidth is the least width of the legends' column,
@@ -246,6 +262,9 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 		bound = "bound"
 	}
 	up.Title.Text = fmt.Sprintf("%s: rate %v (%s %d cost units in any %v)", name, t.Rate, bound, t.Bound, t.Rate.Per)
+	if t.WaitP99 > 0 {
+		up.Title.Text += fmt.Sprintf("; wait p50 %v, p99 %v", roundWait(t.WaitP50), roundWait(t.WaitP99))
+	}
 	up.Title.TextStyle.Font.Size = 13
 	up.Y.Label.Text = "cost units"
 	up.X.Min, up.X.Max = 0, xmax
@@ -327,6 +346,9 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 	down.Add(hs)
 	downc.legend.Add("held on last delivery", hs)
 	dtop := max(maxOf(naks), maxOf(holds), maxOf(busy), 1)
+	if len(t.Naks) == 0 && len(t.Holds) == 0 {
+		downc.height = compactHeight // nothing went back: the handlers only
+	}
 	down.Y.Min, down.Y.Max = 0, dtop*1.15
 	down.Y.Tick.Marker = countTicks{}
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -65,9 +66,10 @@ func TestPlotSVG(t *testing.T) {
 		Tenants: []tenantTimeline{
 			{
 				Tenant: "acme", Rate: mustRate(t, "5/1s"), Bound: 10,
-				Admits: []event{{lo: 0, hi: time.Millisecond, n: 5}, {lo: time.Second, hi: time.Second, n: 3}},
-				Naks:   []returned{{at: 10 * time.Millisecond}, {at: 20 * time.Millisecond, reserved: true}},
-				Holds:  []time.Duration{2 * time.Second},
+				Admits:  []event{{lo: 0, hi: time.Millisecond, n: 5}, {lo: time.Second, hi: time.Second, n: 3}},
+				Naks:    []returned{{at: 10 * time.Millisecond}, {at: 20 * time.Millisecond, reserved: true}},
+				Holds:   []time.Duration{2 * time.Second},
+				WaitP50: 12 * time.Millisecond, WaitP99: 340 * time.Millisecond,
 			},
 			{Tenant: "globex", Rate: mustRate(t, "20/1s"), Bound: 20},
 		},
@@ -77,7 +79,7 @@ func TestPlotSVG(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(svgTexts(t, doc), "\n")
-	for _, want := range []string{"a test run", "acme: rate 5/1s (bound 10 cost units in any 1s)", "globex: rate 20/1s (limit 20 cost units in any 1s)", "redis-down", "fault injected",
+	for _, want := range []string{"a test run", "acme: rate 5/1s (bound 10 cost units in any 1s); wait p50 12ms, p99 340ms", "globex: rate 20/1s (limit 20 cost units in any 1s)", "redis-down", "fault injected",
 		"admitted per 100 ms", "admitted in the last 1s", "limit 5", "bucket bound 10", "NAKs/rejections per 100 ms",
 		"that reserved a slot", "held on last delivery", "cost units", "time since the start of the run (s)"} {
 		if !strings.Contains(all, want) {
@@ -86,6 +88,29 @@ func TestPlotSVG(t *testing.T) {
 	}
 	if bytes.Contains(doc, []byte("font-family:Liberation Sans;")) {
 		t.Error("a font without fallbacks")
+	}
+}
+
+// TestPlotCompactPanels: a tenant without NAKs or holds gets a lower
+// chart of compactHeight, not downHeight: the SVG is that much shorter.
+func TestPlotCompactPanels(t *testing.T) {
+	height := func(tt tenantTimeline) string {
+		doc, err := plotSVG("t", timeline{End: time.Second, Tenants: []tenantTimeline{tt}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`<svg[^>]* height="([0-9.]+)pt"`).FindSubmatch(doc)
+		if m == nil {
+			t.Fatalf("no height in %.200s", doc)
+		}
+		return string(m[1])
+	}
+	busy := tenantTimeline{Tenant: "a", Rate: mustRate(t, "5/1s"), Bound: 5, Naks: []returned{{at: time.Millisecond}}}
+	quiet := tenantTimeline{Tenant: "a", Rate: mustRate(t, "5/1s"), Bound: 5}
+	hb, hq := height(busy), height(quiet)
+	want := fmt.Sprintf("%g", float64(figHeader+upHeight+compactHeight+panelGap))
+	if hq != want || hb == hq {
+		t.Errorf("heights %spt with NAKs, %spt without; want %spt without, and less than with", hb, hq, want)
 	}
 }
 
@@ -182,9 +207,12 @@ func TestRunPlot(t *testing.T) {
 			}
 			all := strings.Join(svgTexts(t, doc), "\n")
 			for _, tenant := range []string{"burst", "light"} {
-				if !strings.Contains(all, tenant+": rate") {
-					t.Errorf("the plot does not name tenant %s", tenant)
+				if !regexp.MustCompile(tenant + `: rate .*; wait p50 \S+, p99 \S+`).MatchString(all) {
+					t.Errorf("the plot does not name tenant %s with its waits", tenant)
 				}
+			}
+			if !regexp.MustCompile(`-reservations 1m0s: OK: all 16 jobs handled exactly once`).MatchString(all) {
+				t.Errorf("the plot's title has no verdict:\n%s", all)
 			}
 			s := out.String()
 			for _, want := range []string{"plot written to " + cfg.Plot, "admissions per second over the run", "  burst |", "  light |", "handled/s in the last window, of the limit: burst "} {

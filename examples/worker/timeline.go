@@ -30,6 +30,9 @@ type tenantTimeline struct {
 	Naks   []returned      // NAKs (NATS) or rejections (asynq)
 	Holds  []time.Duration // first InProgress of each held message
 	Runs   []runSpan       // handler runs, start to end of work
+	// Waits are the percentiles of the time from arrival to handler
+	// start, for the plot's titles (set from the report; zero: unknown).
+	WaitP50, WaitP99 time.Duration
 }
 
 // runSpan is one handler run, as offsets from the start of the run.
