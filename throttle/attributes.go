@@ -15,6 +15,7 @@ const (
 	ReservedAttr     = attribute.Key("throttle.reserved")       // bool: Decision.Reserved, on decisions of Gate.AdmitID
 	OutcomeAttr      = attribute.Key("throttle.outcome")        // string: "admitted", "rejected" or "reserved" (a rejection holding a slot) (metrics)
 	PolicyAttr       = attribute.Key("throttle.failure_policy") // string: set when the policy decided
+	DispositionAttr  = attribute.Key("throttle.disposition")    // string: what a consumer did with the message (DispositionsMetric)
 )
 
 // Names of the instruments and span the Gate records.
@@ -40,4 +41,12 @@ const (
 	// (ErrSlowStore; each is in StoreErrorsMetric too), labelled by
 	// throttle.algorithm.
 	SlowStoreMetric = "throttle.store.slow"
+	// DispositionsMetric counts what the consumers did with messages
+	// their decisions did not run at once (Gate.CountDisposition),
+	// labelled by throttle.disposition (such as "nak", "wait", "hold",
+	// "deferred", "retry") and, with WithKeyMetrics, throttle.key. A
+	// message that waits in process is one "wait" however often it asks
+	// again, unlike the "reserved" decisions. Unit: {message}.
+	// Prometheus: throttle_dispositions_total.
+	DispositionsMetric = "throttle.dispositions"
 )

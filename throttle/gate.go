@@ -47,6 +47,7 @@ type Gate struct {
 	storeErrors     metric.Int64Counter
 	keysRefused     metric.Int64Counter
 	slowStore       metric.Int64Counter
+	dispositions    metric.Int64Counter
 
 	// Metric options are indexed by outcome (see outcomes) and Source.
 	// Precomputed option slices: a variadic call through an interface
@@ -131,6 +132,11 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 		metric.WithDescription("Store timeouts while the store's round trip is longer than the limiter's timeout: raise the timeout.")); err != nil {
 		return nil, err
 	}
+	if g.dispositions, err = meter.Int64Counter(DispositionsMetric,
+		metric.WithUnit("{message}"),
+		metric.WithDescription("What the consumers did with messages not run at once: NAKed, waited in process, held, deferred, retried.")); err != nil {
+		return nil, err
+	}
 	for allowed, outcome := range outcomes {
 		for s := SourceUnknown; s <= SourceDegraded; s++ {
 			set := metric.WithAttributeSet(attribute.NewSet(OutcomeAttr.String(outcome), SourceAttr.String(s.String())))
@@ -169,6 +175,23 @@ func (g *Gate) DegradedRetryAfter() time.Duration {
 		return time.Second
 	}
 	return g.degradedRetry
+}
+
+// CountDisposition counts, in DispositionsMetric, that a consumer did
+// disposition (such as "nak", "wait", "hold", "deferred", "retry") with a
+// message of key that its decision did not run at once; with
+// WithKeyMetrics the count carries the key's label. The consumers of this
+// module call it; a consumer of one's own may too. Without a meter
+// provider it does nothing.
+func (g *Gate) CountDisposition(ctx context.Context, key, disposition string) {
+	if g == nil || !g.metered {
+		return
+	}
+	attrs := []attribute.KeyValue{DispositionAttr.String(disposition)}
+	if g.keyed != nil {
+		attrs = append(attrs, KeyAttr.String(g.keyed.of(key).name))
+	}
+	g.dispositions.Add(ctx, 1, metric.WithAttributes(attrs...))
 }
 
 // Reservations returns the horizon of WithReservations when the limiter

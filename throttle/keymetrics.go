@@ -51,12 +51,13 @@ type keyMetrics struct {
 // keySets are the decision metrics' options of one key label, by outcome
 // and source.
 type keySets struct {
+	name   string // the throttle.key value
 	add    [3][SourceDegraded + 1][]metric.AddOption
 	record [3][SourceDegraded + 1][]metric.RecordOption
 }
 
 func newKeySets(label string) *keySets {
-	ks := &keySets{}
+	ks := &keySets{name: label}
 	for outcome, name := range outcomes {
 		for s := SourceUnknown; s <= SourceDegraded; s++ {
 			set := metric.WithAttributeSet(attribute.NewSet(OutcomeAttr.String(name), SourceAttr.String(s.String()), KeyAttr.String(label)))
@@ -67,13 +68,19 @@ func newKeySets(label string) *keySets {
 	return ks
 }
 
-// of returns the options of key's label: its own while fewer than max
-// labels have been seen, else OtherKey's.
-func (m *keyMetrics) of(key string) *keySets {
+// labelOf returns key's label (before the bound).
+func (m *keyMetrics) labelOf(key string) string {
 	label := key
 	if m.label != nil {
 		label = m.label(key)
 	}
+	return label
+}
+
+// of returns the options of key's label: its own while fewer than max
+// labels have been seen, else OtherKey's.
+func (m *keyMetrics) of(key string) *keySets {
+	label := m.labelOf(key)
 	if label == "" || label == OtherKey {
 		return m.others()
 	}

@@ -74,4 +74,8 @@ const (
 	// a usage error from the Gate); returned wrapping asynq.SkipRetry, so
 	// asynq archives it.
 	DispositionArchive = "archive"
+	// DispositionWait: turned away, it waits in the handler for a slot a
+	// moment ahead, counted once however often it asks again
+	// (throttle.DispositionsMetric); not a span disposition.
+	DispositionWait = "wait"
 )

@@ -102,7 +102,7 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 			ft.Leave(fair.Block{})
 			rl := newRateLimitError(key, throttle.Decision{RetryAfter: time.Second, ResetAfter: time.Second}, time.Now())
 			rl.Err = ctx.Err()
-			span.SetAttributes(DispositionAttr.String(DispositionRetry))
+			h.dispose(ctx, span, key, DispositionRetry)
 			fail(span, rl)
 			return false, rl
 		}
@@ -162,7 +162,7 @@ func (h *handler) deferTask(span trace.Span, key, id, queue string, ft *fair.Tic
 	rl := newRateLimitError(key, throttle.Decision{RetryAfter: d, ResetAfter: d}, now)
 	rl.deferred = true
 	rl.returnAt = now.Add(max(d-h.cfg.checkInterval, 0))
-	span.SetAttributes(DispositionAttr.String(DispositionDeferred))
+	h.dispose(context.Background(), span, key, DispositionDeferred)
 	return rl
 }
 

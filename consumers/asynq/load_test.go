@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/window"
@@ -97,7 +99,10 @@ func TestReservedTasksComeBackOnce(t *testing.T) {
 		}),
 	}
 	rec := newRecorder(nil)
-	g := newGate(t, lim, throttle.WithReservations(10*time.Second))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	g := newGate(t, lim, throttle.WithReservations(10*time.Second), throttle.WithMeterProvider(mp))
 	e.serve(t, cfg, NewHandler(rec, g, WithClient(e.client), WithServerConfig(cfg)))
 
 	start := time.Now()
@@ -143,6 +148,26 @@ func TestReservedTasksComeBackOnce(t *testing.T) {
 	}
 	if total == 0 {
 		t.Errorf("no task was retried: the test does not exercise far slots")
+	}
+	// Every task sent back to asynq is one disposition, retry or
+	// deferred; one that waited in the handler, one wait.
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == throttle.DispositionsMetric {
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					d, _ := dp.Attributes.Value(throttle.DispositionAttr)
+					counts[d.AsString()] += int(dp.Value)
+				}
+			}
+		}
+	}
+	if back := counts[DispositionRetry] + counts[DispositionDeferred]; back != total || counts[DispositionWait] > n {
+		t.Errorf("dispositions %v: want retry + deferred = the %d rejections asynq saw, and at most %d waits", counts, total, n)
 	}
 	if qi.Archived != 0 || qi.FailedTotal != 0 {
 		t.Errorf("archived %d, failed total %d; want 0, 0", qi.Archived, qi.FailedTotal)

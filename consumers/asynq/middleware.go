@@ -208,6 +208,13 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 	}
 }
 
+// dispose records disposition on span and counts it for key in the Gate's
+// throttle.dispositions.
+func (h *handler) dispose(ctx context.Context, span trace.Span, key, disposition string) {
+	span.SetAttributes(DispositionAttr.String(disposition))
+	h.gate.CountDisposition(ctx, key, disposition)
+}
+
 // waitOut handles a task turned away (rl; it may run at until, on its
 // reserved slot when reserved): putBack decides, and a task that waits
 // here counts the wait on the span (waits) and sleeps until until. It
@@ -219,6 +226,9 @@ func (h *handler) waitOut(ctx context.Context, span trace.Span, t *asynq.Task, t
 	}
 	*waits++
 	span.SetAttributes(WaitsAttr.Int(*waits))
+	if *waits == 1 { // once per task, however often it asks again
+		h.gate.CountDisposition(ctx, rl.Key, DispositionWait)
+	}
 	if err := sleepUntil(ctx, span, until, rl); err != nil {
 		return false, err
 	}
@@ -241,7 +251,7 @@ func (h *handler) putBack(ctx context.Context, span trace.Span, t *asynq.Task, t
 		rl.returnAt = until.Add(-h.cfg.checkInterval)
 	}
 	if !ti.last() {
-		span.SetAttributes(DispositionAttr.String(DispositionRetry))
+		h.dispose(ctx, span, rl.Key, DispositionRetry)
 		return false, rl
 	}
 	if h.cfg.client != nil {
@@ -252,7 +262,7 @@ func (h *handler) putBack(ctx context.Context, span trace.Span, t *asynq.Task, t
 	if dl, ok := ctx.Deadline(); ok && until.After(dl) {
 		rl.Err = fmt.Errorf("rejected on its last attempt (retry %d of %d) and its deadline %v comes before the retry-after; asynq will archive it (use WithClient to re-enqueue instead)",
 			ti.retried, ti.maxRetry, dl.Format(time.RFC3339))
-		span.SetAttributes(DispositionAttr.String(DispositionRetry))
+		h.dispose(ctx, span, rl.Key, DispositionRetry)
 		fail(span, rl)
 		return false, rl
 	}
@@ -354,16 +364,18 @@ func (h *handler) requeue(ctx context.Context, span trace.Span, t *asynq.Task, t
 	info, err := h.cfg.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
 	switch {
 	case err == nil:
-		span.SetAttributes(DispositionAttr.String(DispositionRequeued), CopyIDAttr.String(info.ID))
+		span.SetAttributes(CopyIDAttr.String(info.ID))
+		h.dispose(ctx, span, rl.Key, DispositionRequeued)
 		return nil
 	case errors.Is(err, asynq.ErrTaskIDConflict):
 		// A copy with this ID exists: an earlier run of this task enqueued
 		// it and could not be marked done.
-		span.SetAttributes(DispositionAttr.String(DispositionRequeued), CopyIDAttr.String(CopyTaskID(ti.id)))
+		span.SetAttributes(CopyIDAttr.String(CopyTaskID(ti.id)))
+		h.dispose(ctx, span, rl.Key, DispositionRequeued)
 		return nil
 	}
 	rl.Err = fmt.Errorf("rejected on its last attempt (retry %d of %d) and re-enqueue failed: %w", ti.retried, ti.maxRetry, err)
-	span.SetAttributes(DispositionAttr.String(DispositionRetry))
+	h.dispose(ctx, span, rl.Key, DispositionRetry)
 	fail(span, rl)
 	return rl
 }

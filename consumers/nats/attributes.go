@@ -72,4 +72,13 @@ const (
 	// DispositionStalled: seen by a handler built from a bad configuration
 	// and held unhandled with InProgress (see NewHandler).
 	DispositionStalled = "stalled"
+	// DispositionDeferred: NAKed by the fair shares, to come back when its
+	// key's share reaches it (counted apart from DispositionNak).
+	DispositionDeferred = "deferred"
+	// DispositionWait: refused, it waits in process for a slot a moment
+	// ahead, however often it asks again (throttle.DispositionsMetric).
+	DispositionWait = "wait"
+	// DispositionHold: refused on its last delivery, held in process with
+	// InProgress until admitted (throttle.DispositionsMetric).
+	DispositionHold = "hold"
 )

@@ -101,7 +101,7 @@ func (h *Handler) putBack(m *tracedMsg, d time.Duration) {
 		wspan.SetAttributes(BackoffMsAttr.Int64(d.Milliseconds()))
 		go h.wait(ctx, wspan, r, d)
 	case !h.lastDelivery(r.msg):
-		h.nak(m.ctx, span, r.msg, d, true)
+		h.nak(m.ctx, span, r, DispositionNak, d, true)
 	default:
 		ctx, hspan := h.startSpan(r.msg)
 		hspan.SetAttributes(BackoffMsAttr.Int64(d.Milliseconds()))

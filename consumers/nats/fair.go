@@ -136,7 +136,7 @@ func deferredNow(t *fair.Ticket) bool {
 func (h *Handler) defer_(ctx context.Context, span trace.Span, r *request, t *fair.Ticket) {
 	h.deferred(r)
 	span.SetAttributes(DeferredAttr.Bool(true))
-	h.nak(ctx, span, r.msg, max(t.Delay()-h.cfg.maxWait/2, 0), false)
+	h.nak(ctx, span, r, DispositionDeferred, max(t.Delay()-h.cfg.maxWait/2, 0), false)
 }
 
 // rateWait handles r refused by its rate (v): on its last delivery it is
@@ -150,11 +150,12 @@ func (h *Handler) rateWait(ctx context.Context, span trace.Span, r *request, v v
 		hold.start(ctx, r)
 	case v.reserved && v.retry <= h.cfg.maxWait && time.Since(started)+v.retry <= h.cfg.shortestAckWait()/2:
 		span.SetAttributes(WaitedAttr.Bool(true))
+		h.dispose(ctx, r, DispositionWait)
 	default:
 		if v.reserved {
-			h.nak(ctx, span, r.msg, v.retry-h.cfg.maxWait/2, false)
+			h.nak(ctx, span, r, DispositionNak, v.retry-h.cfg.maxWait/2, false)
 		} else {
-			h.nak(ctx, span, r.msg, v.retry, true)
+			h.nak(ctx, span, r, DispositionNak, v.retry, true)
 		}
 		return false
 	}
@@ -190,7 +191,7 @@ func (h *Handler) giveUp(ctx context.Context, span trace.Span, r *request, left 
 	case h.lastDelivery(r.msg):
 		h.abandon(ctx, span, r.msg)
 	default:
-		h.nak(ctx, span, r.msg, max(left, time.Millisecond), false)
+		h.nak(ctx, span, r, DispositionNak, max(left, time.Millisecond), false)
 	}
 }
 
@@ -210,6 +211,7 @@ func (s *holdState) start(ctx context.Context, r *request) {
 	s.h.holding.Add(1)
 	s.h.held.Add(1)
 	s.span.SetAttributes(HeldAttr.Bool(true))
+	s.h.dispose(ctx, r, DispositionHold)
 }
 
 func (s *holdState) release() {

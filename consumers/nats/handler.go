@@ -249,6 +249,18 @@ type request struct {
 	delivery uint64    // its NumDelivered (0 without metadata)
 	arrived  time.Time // when this delivery reached Handle
 	keyed    bool      // pulled by a KeyedConsumer: put back by NAK, never waiting outside its key's turn
+	counted  string    // the disposition counted for it in process (see dispose), "" before
+}
+
+// dispose counts, once per message, that r stays in process as
+// disposition (DispositionWait or DispositionHold) in the Gate's
+// throttle.dispositions: however often it asks again, and a wait that
+// becomes a hold counts once as each.
+func (h *Handler) dispose(ctx context.Context, r *request, disposition string) {
+	if r.counted != disposition {
+		r.counted = disposition
+		h.gate.CountDisposition(ctx, r.key, disposition)
+	}
 }
 
 // requestID is the identity the Gate decides msg by: its stream and
@@ -293,9 +305,9 @@ func (h *Handler) decide(ctx context.Context, span trace.Span, r *request) {
 			// (with more than 1,024 messages pending it skips its
 			// redelivery check while acks are queued): ask for the message
 			// half of WithMaxWait early, and wait in process for the rest.
-			h.nak(ctx, span, r.msg, retry-h.cfg.maxWait/2, false)
+			h.nak(ctx, span, r, DispositionNak, retry-h.cfg.maxWait/2, false)
 		} else {
-			h.nak(ctx, span, r.msg, retry, true)
+			h.nak(ctx, span, r, DispositionNak, retry, true)
 		}
 		span.End()
 		return
@@ -352,6 +364,7 @@ func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.
 	defer h.wg.Done()
 	defer h.waiting.Add(-1)
 	span.SetAttributes(WaitedAttr.Bool(true))
+	h.dispose(ctx, r, DispositionWait)
 	// Its AckWait restarts now: how long it sat in the client's buffer
 	// before Handle is not known here, and that, the wait and the wrapped
 	// handler's run must not add up to a redelivery. (If this fails the
@@ -366,7 +379,7 @@ func (h *Handler) wait(ctx context.Context, span trace.Span, r *request, d time.
 		if h.superseded(r) {
 			h.supersede(ctx, span, r) // a NAK would bring back a message the newer delivery has
 		} else {
-			h.nak(ctx, span, r.msg, max(d-time.Since(start), time.Millisecond), false)
+			h.nak(ctx, span, r, DispositionNak, max(d-time.Since(start), time.Millisecond), false)
 		}
 		h.waitDone(r)
 		span.End()
@@ -511,6 +524,7 @@ func (h *Handler) hold(ctx context.Context, span trace.Span, r *request, d throt
 	defer span.End()
 	defer h.waitDone(r)
 	span.SetAttributes(HeldAttr.Bool(true))
+	h.dispose(ctx, r, DispositionHold)
 	if h.cfg.logger != nil {
 		h.cfg.logger.DebugContext(ctx, "natsthrottle: holding message on its last delivery",
 			slog.String("subject", msg.Subject()), slog.Duration("retry_after", d.RetryAfter))
@@ -626,14 +640,18 @@ func (h *Handler) delay(retryAfter time.Duration) time.Duration {
 	return retryAfter
 }
 
-func (h *Handler) nak(ctx context.Context, span trace.Span, msg jetstream.Msg, retryAfter time.Duration, jitter bool) {
+// nak NAKs r's message with retryAfter (plus jitter), counted as
+// disposition (DispositionNak, or DispositionDeferred) in the Gate's
+// throttle.dispositions.
+func (h *Handler) nak(ctx context.Context, span trace.Span, r *request, disposition string, retryAfter time.Duration, jitter bool) {
 	span.SetAttributes(DispositionAttr.String(DispositionNak))
+	h.gate.CountDisposition(ctx, r.key, disposition)
 	d := retryAfter
 	if jitter {
 		d = h.delay(retryAfter)
 	}
-	if err := msg.NakWithDelay(d); err != nil {
-		h.fail(ctx, span, msg, fmt.Errorf("natsthrottle: nak with delay %v: %w", d, err))
+	if err := r.msg.NakWithDelay(d); err != nil {
+		h.fail(ctx, span, r.msg, fmt.Errorf("natsthrottle: nak with delay %v: %w", d, err))
 	}
 }
 

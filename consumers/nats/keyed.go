@@ -515,6 +515,7 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
 		if v.run {
 			break
 		}
+		h.dispose(ctx, r, DispositionWait)
 		if !kc.pause(ctx, span, r, claimIn(v), beat) {
 			beat.Stop()
 			done()
@@ -599,7 +600,7 @@ func (kc *KeyedConsumer) giveBack(ctx context.Context, span trace.Span, r *reque
 	if kc.h.lastDelivery(r.msg) {
 		kc.h.abandon(ctx, span, r.msg)
 	} else {
-		kc.h.nak(ctx, span, r.msg, max(left, 0), false)
+		kc.h.nak(ctx, span, r, DispositionNak, max(left, 0), false)
 	}
 	span.End()
 }

@@ -1,6 +1,7 @@
 package natsthrottle
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
@@ -167,7 +170,10 @@ func TestConsumeByKeyWaitsForRate(t *testing.T) {
 	e := newEnv(t)
 	r := throttle.Rate{Count: 5, Per: 200 * time.Millisecond}
 	lim := newInstantsLimiter(t, r)
-	g, err := throttle.NewGate(lim, throttle.WithReservations(5*time.Second))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	g, err := throttle.NewGate(lim, throttle.WithReservations(5*time.Second), throttle.WithMeterProvider(mp), throttle.WithKeyMetrics(nil, 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +194,28 @@ func TestConsumeByKeyWaitsForRate(t *testing.T) {
 	}
 	if most := maxInWindow(lim.admitted(), r.Per); most > r.Count {
 		t.Errorf("%d admissions in one %v window, want <= %d", most, r.Per, r.Count)
+	}
+	// Those refused waited here, each counted once however often it
+	// asked again (at most the 15 beyond the first window); none was
+	// NAKed.
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == throttle.DispositionsMetric {
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					d, _ := dp.Attributes.Value(throttle.DispositionAttr)
+					k, _ := dp.Attributes.Value(throttle.KeyAttr)
+					counts[k.AsString()+"/"+d.AsString()] += dp.Value
+				}
+			}
+		}
+	}
+	if w := counts["jobs.burst/"+DispositionWait]; w < 1 || w > total-int64(r.Count) || len(counts) != 1 {
+		t.Errorf("dispositions %v, want jobs.burst/wait between 1 and %d, nothing else", counts, total-r.Count)
 	}
 }
 

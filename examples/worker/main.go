@@ -109,6 +109,10 @@
 //	    rejection that holds the message's own future slot), source
 //	    local, redis or degraded, key the tenant (throttle.WithKeyMetrics:
 //	    the first 64 tenants, "other" beyond)
+//	throttle_dispositions_total{throttle_disposition, throttle_key}
+//	    counter: what the consumers did with messages not run at once:
+//	    nak, deferred, wait (in process, once per message however often
+//	    it asks again), hold, retry and requeued (asynq)
 //	throttle_decision_duration_seconds_bucket{throttle_outcome, throttle_source, throttle_key, le}
 //	throttle_decision_duration_seconds_sum, _count
 //	    histogram: time to make one decision, in seconds

@@ -39,6 +39,7 @@ func TestRunMetrics(t *testing.T) {
 		`(?m)^throttle_decisions_total\{[^}]*throttle_key="burst"[^}]*throttle_outcome="admitted"[^}]*throttle_source="local"[^}]*\} [1-9]`,
 		`(?m)^throttle_decisions_total\{[^}]*throttle_key="burst"[^}]*throttle_outcome="reserved"[^}]*throttle_source="local"[^}]*\} [1-9]`,
 		`(?m)^throttle_decision_duration_seconds_bucket\{[^}]*throttle_key="burst"`,
+		`(?m)^throttle_dispositions_total\{[^}]*throttle_disposition="wait"[^}]*throttle_key="burst"[^}]*\} [1-9]`,
 	)
 }
 
