@@ -74,24 +74,17 @@ func (q Quota) String() string {
 // ParseQuota parses a quota written as "RATE" or "RATE burst N": RATE as
 // ParseRate reads it ("20/1s", "100/m"), N the burst in tokens (>= 1; for
 // token buckets only, a window ignores it). Words are separated by
-// spaces, and "burst" may be written "burst=N". A count of 0 ("0/1s", no
-// burst) is the blocked Quota of Blocked, with the period as its
-// RetryAfter. Errors wrap ErrInvalidOption and name the field (Rate,
+// spaces, and "burst" may be written "burst=N". A count of 0 ("0/1s", or
+// "0/1s burst 5": the burst is checked, then ignored) is the blocked
+// Quota of Blocked, with the period as its RetryAfter: 0 means block,
+// never a burst that refills. Errors wrap ErrInvalidOption and name the field (Rate,
 // Rate.Count, Rate.Per or Quota.Burst).
 func ParseQuota(s string) (Quota, error) {
 	f := strings.Fields(strings.ReplaceAll(s, "=", " "))
 	if len(f) != 1 && (len(f) != 3 || !strings.EqualFold(f[1], "burst")) {
 		return Quota{}, &OptionError{Field: "Quota", Reason: fmt.Sprintf("%q is not RATE or RATE burst N, e.g. 20/1s burst 40", s)}
 	}
-	r, err := ParseRate(f[0])
-	if err != nil {
-		var oe *OptionError
-		if len(f) == 1 && r.Count == 0 && r.Per > 0 && errors.As(err, &oe) && oe.Field == "Rate.Count" {
-			return Blocked(r.Per), nil
-		}
-		return Quota{}, err
-	}
-	q := Quota{Rate: r}
+	q := Quota{}
 	if len(f) == 3 {
 		b, err := strconv.Atoi(f[2])
 		if err != nil || b < 1 {
@@ -99,5 +92,14 @@ func ParseQuota(s string) (Quota, error) {
 		}
 		q.Burst = b
 	}
+	r, err := ParseRate(f[0])
+	if err != nil {
+		var oe *OptionError
+		if r.Count == 0 && r.Per > 0 && errors.As(err, &oe) && oe.Field == "Rate.Count" {
+			return Blocked(r.Per), nil
+		}
+		return Quota{}, err
+	}
+	q.Rate = r
 	return q, nil
 }

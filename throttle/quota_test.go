@@ -24,7 +24,8 @@ func TestParseQuota(t *testing.T) {
 		{in: "20/1s burst 0", field: "Quota.Burst"},
 		{in: "20/1s burst x", field: "Quota.Burst"},
 		{in: "0/1s", want: throttle.Blocked(time.Second)},
-		{in: "0/1s burst 2", field: "Rate.Count"},
+		{in: "0/1s burst 2", want: throttle.Blocked(time.Second)}, // 0 blocks, whatever the burst
+		{in: "0/1s burst x", field: "Quota.Burst"},
 		{in: "-1/1s", field: "Rate.Count"},
 		{in: "20/1parsec", field: "Rate.Per"},
 	}
