@@ -1,6 +1,9 @@
-// Package readme holds the tests that keep README.md honest: every Go code
-// block in it compiles as a program of a new module that uses this module
-// from a checkout (what the README's "Using the module from a checkout"
-// tells a reader to do), and every Example the README names exists. It
-// has no API.
+// Package readme holds the tests that keep README.md and the guides under
+// docs/ honest. Every Go code block in them compiles as a program of a new
+// module that uses this module from a checkout, set up with the commands
+// README.md gives a reader. A program followed by an output block prints
+// that block; an output block that names an Example matches that
+// Example's Output comment. Every Example the docs name exists, every
+// relative link resolves, and README.md stays a landing page. It has no
+// API.
 package readme
