@@ -20,7 +20,7 @@ type Request struct {
 // Concurrent AllowN calls are coalesced anyway (see window.Redis); a batch
 // skips what coalescing costs per request (a queued call, a goroutine to
 // wake) and fills each script call, so a decision costs less (figures in
-// the README). It is the limiter's own call: the Gate does not use it, so
+// docs/scheduling.md, Batches). It is the limiter's own call: the Gate does not use it, so
 // its decisions get no span, metric or failure policy, and a caller that
 // needs them uses Gate.Admit per request. Each AllowBatch call holds a
 // pooled connection of its own, beside the limiter's coalesced calls: size

@@ -12,7 +12,7 @@ import (
 	"github.com/queuethrottle/queuethrottle/window"
 )
 
-// The README's per-key quotas, Peek and Reset, with 2 per minute (so the
+// Per-key quotas, Peek and Reset (docs/limits-and-quotas.md), with 2 per minute (so the
 // run fits in one window) and 3 for the big customer. The example starts
 // a redis-server of its own (from PATH).
 func ExampleWithQuotas() {

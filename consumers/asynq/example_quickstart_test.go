@@ -16,7 +16,8 @@ import (
 	"github.com/queuethrottle/queuethrottle/window"
 )
 
-// The README's asynq quick start, on a redis-server of its own (from
+// An asynq quick start like the README's (there keyed by a tenant header
+// with WithKeyFunc, here by task type), on a redis-server of its own (from
 // PATH) and with a limit of 2 per second, so the third task waits for its
 // reserved slot. The README runs the server until interrupted; here the
 // example enqueues three tasks and shuts down once they are handled.

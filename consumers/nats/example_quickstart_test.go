@@ -18,8 +18,9 @@ import (
 	"github.com/queuethrottle/queuethrottle/window"
 )
 
-// The README's JetStream quick start, against an embedded nats-server
-// and with a limit of 2 per second so the third message waits for its
+// A JetStream quick start like the README's (there the key is the
+// subject, here a Tenant header), against an embedded nats-server and
+// with a limit of 2 per second so the third message waits for its
 // reserved slot. The README connects to nats.DefaultURL and runs until
 // interrupted; here the example publishes three messages and stops once
 // they are handled.
