@@ -6,35 +6,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 )
-
-// keyCounts returns the throttle.decisions sums by throttle.key value ("-"
-// for none) and outcome.
-func (tel *telemetry) keyCounts(t *testing.T) map[string]int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, tel.reader.Collect(context.Background(), &rm))
-	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != throttle.DecisionsMetric {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				key := "-"
-				if v, ok := dp.Attributes.Value(throttle.KeyAttr); ok {
-					key = v.AsString()
-				}
-				outcome, _ := dp.Attributes.Value(throttle.OutcomeAttr)
-				got[key+"/"+outcome.AsString()] += dp.Value
-			}
-		}
-	}
-	return got
-}
 
 // TestGateKeyMetrics: with WithKeyMetrics the decisions carry the key's
 // label, the first max labels their own and every later one "other", so
@@ -55,7 +30,7 @@ func TestGateKeyMetrics(t *testing.T) {
 			"a/admitted": 1, "a/rejected": 1,
 			"b/admitted": 1, "b/rejected": 1,
 			"other/admitted": 2,
-		}, tel.keyCounts(t))
+		}, throttletest.Sums(t, tel.reader, throttle.DecisionsMetric, throttle.KeyAttr, throttle.OutcomeAttr))
 	})
 	t.Run("off", func(t *testing.T) {
 		tel := newTelemetry(t)
@@ -63,7 +38,7 @@ func TestGateKeyMetrics(t *testing.T) {
 		require.NoError(t, err)
 		_, err = g.Admit(ctx, "e", 1)
 		require.NoError(t, err)
-		require.Equal(t, map[string]int64{"-/admitted": 1}, tel.keyCounts(t))
+		require.Equal(t, map[string]int64{"-/admitted": 1}, throttletest.Sums(t, tel.reader, throttle.DecisionsMetric, throttle.KeyAttr, throttle.OutcomeAttr))
 	})
 	t.Run("bad max", func(t *testing.T) {
 		for _, max := range []int{0, throttle.MaxKeyMetrics + 1} {

@@ -11,9 +11,9 @@ import (
 
 	"github.com/hibiken/asynq"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 	"github.com/queuethrottle/queuethrottle/window"
 )
 
@@ -151,22 +151,8 @@ func TestReservedTasksComeBackOnce(t *testing.T) {
 	}
 	// Every task sent back to asynq is one disposition, retry or
 	// deferred; one that waited in the handler, one wait.
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	counts := map[string]int{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == throttle.DispositionsMetric {
-				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					d, _ := dp.Attributes.Value(throttle.DispositionAttr)
-					counts[d.AsString()] += int(dp.Value)
-				}
-			}
-		}
-	}
-	if back := counts[DispositionRetry] + counts[DispositionDeferred]; back != total || counts[DispositionWait] > n {
+	counts := throttletest.Sums(t, reader, throttle.DispositionsMetric, throttle.DispositionAttr)
+	if back := counts[DispositionRetry] + counts[DispositionDeferred]; back != int64(total) || counts[DispositionWait] > n {
 		t.Errorf("dispositions %v: want retry + deferred = the %d rejections asynq saw, and at most %d waits", counts, total, n)
 	}
 	if qi.Archived != 0 || qi.FailedTotal != 0 {

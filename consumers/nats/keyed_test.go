@@ -13,11 +13,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 	"github.com/queuethrottle/queuethrottle/window"
 )
 
@@ -198,22 +198,7 @@ func TestConsumeByKeyWaitsForRate(t *testing.T) {
 	// Those refused waited here, each counted once however often it
 	// asked again (at most the 15 beyond the first window); none was
 	// NAKed.
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	counts := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == throttle.DispositionsMetric {
-				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					d, _ := dp.Attributes.Value(throttle.DispositionAttr)
-					k, _ := dp.Attributes.Value(throttle.KeyAttr)
-					counts[k.AsString()+"/"+d.AsString()] += dp.Value
-				}
-			}
-		}
-	}
+	counts := throttletest.Sums(t, reader, throttle.DispositionsMetric, throttle.KeyAttr, throttle.DispositionAttr)
 	if w := counts["jobs.burst/"+DispositionWait]; w < 1 || w > total-int64(r.Count) || len(counts) != 1 {
 		t.Errorf("dispositions %v, want jobs.burst/wait between 1 and %d, nothing else", counts, total-r.Count)
 	}
