@@ -33,7 +33,7 @@ func Sums(t testing.TB, r *sdkmetric.ManualReader, name string, keys ...attribut
 				for i, k := range keys {
 					vals[i] = "-"
 					if v, ok := dp.Attributes.Value(k); ok {
-						vals[i] = v.Emit()
+						vals[i] = v.String()
 					}
 				}
 				got[strings.Join(vals, "/")] += dp.Value
