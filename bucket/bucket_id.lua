@@ -32,6 +32,8 @@
 --          (Redis was slow or stalled), and an id admitted that nobody
 --          knows of would let its redelivery run free, later. "" or
 --          absent: none.
+-- ARGV[12] after (AllowIDAfter): the slot lies no earlier than now + after
+--          µs; "0" or absent: AllowID. See below.
 --
 -- A stored per other than ARGV[1] is converted (convert.lua).
 --
@@ -50,8 +52,16 @@
 -- newer). With a client clock that moves backwards, after the bucket has
 -- expired, the set may expire before an older id is forgotten.
 --
+-- With after > 0 (the twin of reserveAfter in local_ids.go): an admitted
+-- id is admitted again; a reserved id keeps a slot at or after now +
+-- after, and gives back its tokens otherwise (as refund.lua) to be decided
+-- anew; nothing is admitted now. The tokens are taken now and the later
+-- of the request's own slot and now + after reserved, a slot later than
+-- its own only while the bucket without the request would not refill to
+-- its cap by then: else nothing is written and wait_us = after.
+--
 -- Returns {allowed (0|1), credit, wait_us, reserved (0|1), paused (0|1),
--- now}: credit = what is left after the decision (or there, when nothing
+-- now}, reserved 1 with allowed 1 for an id admitted before: credit = what is left after the decision (or there, when nothing
 -- was taken; negative with a debt); wait_us = 0 when admitted, else the
 -- time to the slot (reserved) or until the request would fit (not
 -- reserved); now = the decision's instant. While the key is paused:
@@ -69,6 +79,7 @@ local horizon = tonumber(ARGV[6])
 local maxdebt = tonumber(ARGV[7])
 local memory = tonumber(ARGV[8])
 local held = tonumber(ARGV[10])
+local after = tonumber(ARGV[12] or "0") or 0
 
 local now0 = clock(ARGV[9]) -- convert.lua
 if ARGV[11] and ARGV[11] ~= "" and now0 > tonumber(ARGV[11]) then
@@ -105,7 +116,7 @@ local function remember(member, score, newest)
 	local ttl = ceildiv(score - now + memory, 1000)
 	if newest then
 		redis.call("PEXPIRE", ids, ttl)
-	else
+	elseif redis.call("PEXPIRE", ids, ttl, "NX") == 0 then -- a new set has none
 		redis.call("PEXPIRE", ids, ttl, "GT")
 	end
 end
@@ -121,21 +132,42 @@ if held > now and missing then
 	save(credit)
 end
 
+local need = n * per
 local s = redis.call("ZMSCORE", ids, "A:" .. id, "R:" .. id)
 if s[1] then
-	return {1, credit, 0, 0, 0, now}
+	return {1, credit, 0, 1, 0, now}
 end
 if s[2] then
 	local slot = tonumber(s[2])
-	if slot > now then
+	if slot > now and slot >= now + after then
 		return {0, credit, slot - now, 1, 0, now}
 	end
 	redis.call("ZREM", ids, "R:" .. id)
-	remember("A:" .. id, now, false)
-	return {1, credit, 0, 0, 0, now}
+	if after == 0 then
+		remember("A:" .. id, now, false)
+		return {1, credit, 0, 0, 0, now}
+	end
+	credit = math.min(credit + need, cap) -- given back, decided anew
+	save(credit)
 end
 
-local need = n * per
+if after > 0 then
+	local left = credit - need
+	local wait = 0
+	if left < 0 then
+		wait = ceildiv(-left, count)
+	end
+	local slot = math.max(wait, after)
+	if slot > wait and slot > math.floor((cap - credit) / count) then
+		slot = after -- full by then: nothing taken
+	elseif slot <= horizon and -left <= maxdebt then
+		save(left)
+		remember("R:" .. id, now + slot, false)
+		return {0, left, slot, 1, 0, now}
+	end
+	return {0, credit, slot, 0, 0, now}
+end
+
 if credit >= need then
 	credit = credit - need
 	save(credit)

@@ -79,6 +79,13 @@
 // be full again. One Lua script (bucket_id.lua) decides each AllowID;
 // AllowN's script is unchanged.
 //
+// AllowIDAfter (throttle.SlotLimiter) is AllowID for a slot no earlier
+// than now + after, for throttle.All's one slot in every part: the tokens
+// are taken now and the later of the request's own slot and now + after
+// reserved, a later one only while the bucket without the request would
+// not refill to its burst by then (else nothing is taken, RetryAfter =
+// after). An id admitted before is admitted with Decision.AlreadyAdmitted.
+//
 // The Hybrid does not implement throttle.IDLimiter; see Hybrid.
 //
 // # Quotas, Peek and Reset

@@ -153,6 +153,10 @@ func (s *localShard) newLRU() error {
 	return err
 }
 
+// Clock returns the clock the bucket decides on (WithClock, or the
+// system clock). All reads it to place one slot in every part.
+func (l *Local) Clock() throttle.Clock { return l.clock }
+
 // Rate returns the refill rate.
 func (l *Local) Rate() throttle.Rate { return l.rate }
 

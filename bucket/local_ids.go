@@ -39,6 +39,23 @@ import (
 // 0, or (WithQuotas) for an invalid quota. ctx is unused. AllowID
 // allocates when it records a new id.
 func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	return l.allowID(key, n, id, horizon, 0)
+}
+
+// AllowIDAfter is AllowID for a request that must not start before now +
+// after, as throttle.SlotLimiter describes: All uses it to hold one slot
+// in every part. It takes the tokens now and reserves the later of its own
+// slot and now + after, but a slot later than its own only while the
+// bucket, without this request, would not be full again by then (tokens
+// taken ahead of a slot after the bucket refilled would add to a burst
+// there): otherwise it takes nothing and answers RetryAfter = after.
+// after is rounded up to the µs. Errors: those of AllowID, and one
+// wrapping throttle.ErrInvalidOption for after < 0. ctx is unused.
+func (l *Local) AllowIDAfter(_ context.Context, key string, n int, id string, horizon, after time.Duration) (throttle.Decision, error) {
+	return l.allowID(key, n, id, horizon, after)
+}
+
+func (l *Local) allowID(key string, n int, id string, horizon, after time.Duration) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
 		return blocked.Or(err, throttle.SourceLocal)
@@ -49,6 +66,10 @@ func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon
 	if horizon < 0 {
 		return throttle.Decision{}, errHorizon(horizon)
 	}
+	us, err := throttle.AfterMicros(after)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
 	now := l.now()
 	if left := l.pauses.Left(key, now); left > 0 {
 		return l.paused(key, lim, n, now, left), nil
@@ -57,33 +78,46 @@ func (l *Local) AllowID(_ context.Context, key string, n int, id string, horizon
 	if err != nil {
 		return throttle.Decision{}, err
 	}
-	d := decideID(st, lim, now, n, id, horizonMicros(horizon))
+	d := decideID(st, lim, now, n, id, horizonMicros(horizon), us)
 	st.mu.Unlock()
 	return d, nil
 }
 
 // decideID is AllowID's algorithm at the instant now (µs), on st, locked,
-// under the key's limits; bucket_id.lua is its twin.
-func decideID(st *localState, lim *keyLimits, now int64, n int, id string, horizon int64) throttle.Decision {
+// under the key's limits, with the slot no earlier than now + after µs
+// (AllowIDAfter; 0 for AllowID); bucket_id.lua is its twin.
+func decideID(st *localState, lim *keyLimits, now int64, n int, id string, horizon, after int64) throttle.Decision {
 	p, limit := &lim.p, lim.limit
 	credit, ts := st.refill(p, now)
 	now = ts // a clock behind the bucket's time counts as no time passing
+	need := int64(n) * p.perUS
 	if ids := st.ids; ids != nil {
 		ids.forget(now - p.memUS)
 		if r, ok := ids.m[id]; ok {
 			switch {
 			case !r.reserved:
-				return p.decision(true, n, credit, limit, throttle.SourceLocal)
-			case r.at > now:
+				d := p.decision(true, n, credit, limit, throttle.SourceLocal)
+				d.AlreadyAdmitted = true
+				return d
+			case r.at > now && r.at >= now+after:
 				d := p.decision(false, n, credit, limit, throttle.SourceLocal)
 				d.RetryAfter, d.Reserved = micros(r.at-now), true
 				return d
+			case after == 0:
+				ids.add(id, now, false, p.memUS) // admitted on its reservation
+				return p.decision(true, n, credit, limit, throttle.SourceLocal)
 			}
-			ids.add(id, now, false, p.memUS) // admitted on its reservation
-			return p.decision(true, n, credit, limit, throttle.SourceLocal)
+			// A slot before now + after: its tokens go back (as Refund)
+			// and the request is decided anew.
+			delete(ids.m, id)
+			credit = min(credit+need, p.cap)
+			st.credit, st.ts, st.p = credit, ts, p
 		}
 	}
-	if need := int64(n) * p.perUS; credit >= need {
+	if after > 0 {
+		return reserveAfter(st, p, limit, now, n, id, credit, horizon, after)
+	}
+	if credit >= need {
 		credit -= need
 		st.credit, st.ts, st.p = credit, ts, p
 		st.idSet().add(id, now, false, p.memUS)
@@ -97,6 +131,32 @@ func decideID(st *localState, lim *keyLimits, now int64, n int, id string, horiz
 	st.idSet().add(id, now+wait, true, p.memUS)
 	d := p.decision(false, n, after, limit, throttle.SourceLocal)
 	d.RetryAfter, d.Reserved = micros(wait), true
+	return d
+}
+
+// reserveAfter is decideID for a new request whose slot is no earlier than
+// now + after (µs, > 0): the tokens are taken now, as for a reservation,
+// and the later of the request's own slot and now + after is reserved, a
+// slot later than its own only while credit (the bucket without the
+// request) would not refill to the cap by then.
+func reserveAfter(st *localState, p *params, limit int, now int64, n int, id string, credit, horizon, after int64) throttle.Decision {
+	left := credit - int64(n)*p.perUS // after taking the tokens
+	wait := int64(0)
+	if left < 0 {
+		wait = ceilDiv(-left, p.count, p.invCount)
+	}
+	slot := max(wait, after)
+	if slot > wait && slot > (p.cap-credit)/p.count { // credit + count×slot > cap: full by then
+		slot = after
+	} else if slot <= horizon && -left <= p.maxDebt {
+		st.credit, st.ts, st.p = left, now, p
+		st.idSet().add(id, now+slot, true, p.memUS)
+		d := p.decision(false, n, left, limit, throttle.SourceLocal)
+		d.RetryAfter, d.Reserved = micros(slot), true
+		return d
+	}
+	d := p.decision(false, n, credit, limit, throttle.SourceLocal)
+	d.RetryAfter = max(micros(slot), time.Millisecond)
 	return d
 }
 
@@ -121,7 +181,9 @@ func (st *localState) forgettable(now int64) bool {
 // of its admission, or of the slot it holds. Ids are forgotten lazily, by
 // the key's next AllowID, from two queues in the order of their instants
 // (admissions come at now, slots in the order they are made, both
-// nondecreasing with the bucket's time), so each id costs O(1) amortized
+// nondecreasing with the bucket's time; a slot of AllowIDAfter may come
+// before one made earlier, and is then forgotten after it), so each id
+// costs O(1) amortized
 // and the set holds only the ids of the last burst × Per / Count, plus the
 // reservations ahead.
 type idSet struct {

@@ -159,6 +159,11 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	return l, nil
 }
 
+// Clock returns the clock the limiter decides on: WithClock's (or
+// WithServerClock's), nil for Redis's TIME. All reads it to place one slot
+// in every part.
+func (l *Redis) Clock() throttle.Clock { return l.clock }
+
 // Rate returns the refill rate.
 func (l *Redis) Rate() throttle.Rate { return l.rate }
 

@@ -66,6 +66,19 @@ const idsSuffix = ":ids"
 // replies) applies nothing, so the id is not found admitted later on a
 // decision nobody saw; that error matches context.DeadlineExceeded.
 func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
+	return l.allowID(ctx, key, n, id, horizon, 0)
+}
+
+// AllowIDAfter is AllowID for a request that must not start before now +
+// after (in Redis's clock, or the WithClock clock), with Local.AllowIDAfter's
+// rules (see throttle.SlotLimiter), in the same one script call. after
+// is rounded up to the µs. Errors: those of AllowID, and one wrapping
+// throttle.ErrInvalidOption for after < 0, before any Redis call.
+func (l *Redis) AllowIDAfter(ctx context.Context, key string, n int, id string, horizon, after time.Duration) (throttle.Decision, error) {
+	return l.allowID(ctx, key, n, id, horizon, after)
+}
+
+func (l *Redis) allowID(ctx context.Context, key string, n int, id string, horizon, after time.Duration) (throttle.Decision, error) {
 	lim, err := l.lims.of(key)
 	if err != nil {
 		return blocked.Or(err, throttle.SourceLocal)
@@ -76,6 +89,10 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	if horizon < 0 {
 		return throttle.Decision{}, errHorizon(horizon)
 	}
+	us, err := throttle.AfterMicros(after)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
 	ctx, cancel := l.rt.Bound(ctx)
 	defer cancel()
 	if err := l.ready(ctx); err != nil {
@@ -85,7 +102,7 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 	keys := []string{k, k + idsSuffix, k + pause.Suffix}
 	h := strconv.FormatInt(horizonMicros(horizon), 10)
 	start := time.Now()
-	cmd := idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, l.now(), l.held.Arg(k), l.expiry(ctx))
+	cmd := idScript.Run(ctx, l.client, keys, lim.argPer, lim.argCount, lim.argCap, l.arg(n), id, h, lim.argMaxDebt, lim.argMem, l.now(), l.held.Arg(k), l.expiry(ctx), strconv.FormatInt(us, 10))
 	res, err := cmd.Result()
 	if err != nil {
 		err = l.rt.Done(start, -1, err)
@@ -121,7 +138,9 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 		}
 		return pause.Decision(d, micros(wait)), nil
 	}
-	if !allowed {
+	if allowed {
+		d.AlreadyAdmitted = reserved
+	} else {
 		d.RetryAfter = max(micros(wait), time.Millisecond)
 		d.Reserved = reserved
 	}

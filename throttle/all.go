@@ -51,7 +51,7 @@ type Part struct {
 // counted as it was before its refund, so at most that much too long).
 // Source is the farthest any part went: SourceDegraded if a part's failure
 // policy decided, else SourceRedis if a part made a round trip, else
-// SourceLocal. Reserved is always false.
+// SourceLocal. Reserved is false for AllowN.
 //
 // Without the one atomic step, two requests racing can each hold a part's
 // room for the moment between a charge and its give-back: one may be
@@ -69,12 +69,20 @@ type Part struct {
 //
 // The Limiter All returns has a Peek method, with the same shape as
 // window.Memory's (what AllowN would say; nothing charged), when every
-// part has one. It is not an IDLimiter: a reservation held in one part
-// would hold a slot that the others may not have then, and an id that one
-// part still remembers as admitted and another has forgotten could not be
-// given back without taking back an admission that really ran. So a
-// Gate's AdmitID decides with AllowN: a redelivered message is charged
-// again, on the side of the limits. It is safe for concurrent use.
+// part has one. When every part is a [SlotLimiter] it is an [IDLimiter]:
+// AllowID asks every part by the request's id (scoped to the request's
+// key in a part with a Key of its own) and, on a rejection within the
+// horizon, holds one slot in all of them, the latest of their earliest: a
+// part with room gives back its admission and reserves that slot instead
+// (AllowIDAfter), and if a part finds it taken, all move to the next
+// (at most 4 times). Reserved is then true; a token bucket that would be
+// full again by the slot holds nothing (Reserved false, the others keep
+// the slot); beyond the horizon in any part, nothing is held. A part that
+// admitted the id before (Decision.AlreadyAdmitted: it ran) is never
+// given back. With horizon 0 and parts that decide in one atomic step,
+// AllowID is AllowN. Slots are placed on the first part's Clock (a
+// Clock() method), else the system clock: the parts must share it. See
+// docs/stacked-and-in-flight.md. It is safe for concurrent use.
 //
 // Errors from All wrap ErrInvalidOption and name the part: no parts, a nil
 // Limiter, or a second part that cannot give back.
@@ -93,8 +101,12 @@ func All(parts ...Part) (Limiter, error) {
 		}
 		ap := allPart{index: i, limiter: p.Limiter, key: p.Key}
 		ap.refunder, _ = p.Limiter.(Refunder)
+		ap.slots, _ = p.Limiter.(SlotLimiter)
 		ap.peeker, _ = p.Limiter.(peeker)
 		peekable = peekable && ap.peeker != nil
+		if ap.slots == nil && a.slotless == "" {
+			a.slotless = fmt.Sprintf("parts[%d] (%T)", i, p.Limiter)
+		}
 		if alg, ok := p.Limiter.(Algorithmer); ok {
 			names = append(names, alg.Algorithm())
 		} else {
@@ -115,12 +127,24 @@ func All(parts ...Part) (Limiter, error) {
 		a.parts = append(a.parts, *last)
 	}
 	a.joint = jointOf(a.parts)
+	a.clock = SystemClock
+	for _, p := range a.parts {
+		if c, ok := p.limiter.(interface{ Clock() Clock }); ok && c.Clock() != nil {
+			a.clock = c.Clock()
+			break
+		}
+	}
 	a.algorithm = "all(" + strings.Join(names, ",") + ")"
 	if err := a.ids.init(); err != nil {
 		return nil, fmt.Errorf("throttle: All: request ids: %w", err)
 	}
-	if peekable {
+	switch {
+	case peekable && a.slotless == "":
+		return allPeekIDs{&allPeek{a}}, nil
+	case peekable:
 		return &allPeek{a}, nil
+	case a.slotless == "":
+		return allIDs{a}, nil
 	}
 	return a, nil
 }
@@ -137,6 +161,8 @@ type all struct {
 	algorithm string
 	ids       requestIDs
 	joint     *jointParts // nil: the parts cannot be decided in one step
+	slotless  string      // the first part that is not a SlotLimiter ("": none)
+	clock     Clock       // the first part's that has one, else SystemClock: AllowID's slots
 }
 
 type allPeek struct{ *all }
@@ -144,8 +170,9 @@ type allPeek struct{ *all }
 type allPart struct {
 	index    int // in All's arguments, for errors
 	limiter  Limiter
-	refunder Refunder // nil: cannot give back
-	peeker   peeker   // nil: no Peek
+	refunder Refunder    // nil: cannot give back
+	slots    SlotLimiter // nil: cannot reserve a slot after an instant
+	peeker   peeker      // nil: no Peek
 	key      func(string) string
 }
 

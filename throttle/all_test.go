@@ -285,35 +285,3 @@ func TestAllPeek(t *testing.T) {
 		}
 	}
 }
-
-// TestAllGate: NewGate refuses WithReservations over All (not an
-// IDLimiter), naming both; a Gate over All decides, and AdmitID falls back
-// to AllowN, so it never reserves.
-func TestAllGate(t *testing.T) {
-	ctx := context.Background()
-	clock := throttletest.NewClock(throttletest.T0)
-	lim, err := throttle.All(
-		throttle.Part{Limiter: localBucket(t, throttle.Rate{Count: 1, Per: time.Second}, 1, clock), Key: global},
-		throttle.Part{Limiter: memoryWindow(t, throttle.Rate{Count: 5, Per: time.Second}, clock)},
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := lim.(throttle.IDLimiter); ok {
-		t.Fatal("All is an IDLimiter")
-	}
-	if _, err := throttle.NewGate(lim, throttle.WithReservations(time.Minute)); !errors.Is(err, throttle.ErrInvalidOption) ||
-		!strings.Contains(err.Error(), "WithReservations") || !strings.Contains(err.Error(), "all(token_bucket,sliding_window_log)") {
-		t.Fatalf("NewGate(All(...), WithReservations): %v; want an error naming both", err)
-	}
-	g, err := throttle.NewGate(lim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d, err := g.AdmitID(ctx, "a", 1, "m1"); err != nil || !d.Allowed {
-		t.Fatalf("first AdmitID: %+v, %v", d, err)
-	}
-	if d, err := g.AdmitID(ctx, "a", 1, "m2"); err != nil || d.Allowed || d.Reserved || d.RetryAfter != time.Second {
-		t.Fatalf("second AdmitID: %+v, %v; want a rejection, 1s, nothing reserved", d, err)
-	}
-}

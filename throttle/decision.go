@@ -65,6 +65,12 @@ type Decision struct {
 	// the same id again at or after that instant is admitted on the
 	// reservation. Always false when Allowed.
 	Reserved bool
+	// AlreadyAdmitted reports, for an admission by AllowID, that the id
+	// was admitted before this call and is still counted (a redelivery,
+	// another worker, a retry after a lost reply): this call charged
+	// nothing, and a Refund would take back that earlier admission, which
+	// may have run. Always false when rejected and for AllowN.
+	AlreadyAdmitted bool
 	// Err is, for a Decision a Gate made with its failure policy because
 	// the limiter could not decide (Source SourceDegraded), the limiter's
 	// error: a store failure or timeout, or ErrClosed. Gate.Admit then

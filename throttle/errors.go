@@ -155,3 +155,13 @@ func (e *LimitedError) Is(target error) bool { return target == ErrLimited }
 
 // RetryAfter returns the rejection's RetryAfter.
 func (e *LimitedError) RetryAfter() time.Duration { return e.Decision.RetryAfter }
+
+// AfterMicros checks AllowIDAfter's after (see SlotLimiter) and returns it
+// in µs, rounded up (the slot must not lie before now + after). Its error
+// wraps ErrInvalidOption, naming "after", for a negative after.
+func AfterMicros(after time.Duration) (int64, error) {
+	if after < 0 {
+		return 0, &OptionError{Field: "after", Reason: fmt.Sprintf("must be >= 0, got %v", after)}
+	}
+	return int64((after + time.Microsecond - 1) / time.Microsecond), nil
+}

@@ -94,8 +94,12 @@ func NewGate(l Limiter, opts ...Option) (*Gate, error) {
 		if g.algorithm != "" {
 			name = g.algorithm + " (" + name + ")"
 		}
+		why := "it is not a throttle.IDLimiter"
+		if a := allOf(l); a != nil {
+			why = "its " + a.slotless + " is not a throttle.SlotLimiter (AllowIDAfter), so it cannot hold one slot in every part"
+		}
 		return nil, &OptionError{Field: "WithReservations", Reason: "the limiter " + name +
-			" cannot reserve a slot: it is not a throttle.IDLimiter, so every rejection would bounce; drop WithReservations, or use a limiter with AllowID (window.Memory, window.Redis, bucket.Local, bucket.Redis)"}
+			" cannot reserve a slot: " + why + ", so every rejection would bounce; drop WithReservations, or use limiters with AllowID (window.Memory, window.Redis, bucket.Local, bucket.Redis)"}
 	}
 	if r, ok := l.(interface{ Rate() Rate }); ok {
 		g.limit = r.Rate().Count

@@ -19,7 +19,8 @@ type Limiter interface {
 // IDLimiter is an optional Limiter capability: decisions keyed by a request
 // identity, which make a rejection a schedule rather than a bounce and make
 // admission idempotent. The Gate uses it (Gate.AdmitID) when the limiter
-// has it; window.Memory, window.Redis, bucket.Local and bucket.Redis do.
+// has it; window.Memory, window.Redis, bucket.Local and bucket.Redis do,
+// and so does All when all its parts are SlotLimiters.
 type IDLimiter interface {
 	Limiter
 	// AllowID decides a request of cost n with identity id (a stream
@@ -40,6 +41,37 @@ type IDLimiter interface {
 	// Errors are those of AllowN, and one wrapping ErrInvalidOption for a
 	// negative horizon.
 	AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (Decision, error)
+}
+
+// SlotLimiter is an optional Refunder capability: reserving a request's
+// slot no earlier than a given instant. [All] uses it to hold one slot, the
+// latest of its parts' earliest, in every part at once; window.Memory,
+// window.Redis, bucket.Local and bucket.Redis have it.
+type SlotLimiter interface {
+	Refunder
+	// AllowIDAfter is AllowID for a request that must not start before
+	// now + after (after >= 0; 0 is AllowID itself):
+	//
+	//   - an id already admitted and still counted: Allowed and
+	//     AlreadyAdmitted, nothing charged;
+	//   - an id holding a reservation at or after now + after: rejected,
+	//     Reserved, RetryAfter = the time to its slot, nothing changed;
+	//   - otherwise (a new id, or one whose reserved slot lies before now
+	//     + after: that reservation is given up first) the earliest slot
+	//     at or after now + after where the request fits, reserved when it
+	//     lies within horizon (Reserved, RetryAfter = the time to it),
+	//     else nothing reserved (Reserved false, RetryAfter = when it
+	//     would fit). With after > 0 nothing is admitted now.
+	//
+	// A token bucket reserves a slot later than its own only where the
+	// tokens it takes now cannot add to a burst at the slot: when the
+	// bucket would refill to its burst before the slot, it reserves
+	// nothing and answers RetryAfter = after (it will have the tokens then
+	// unless others take them first).
+	//
+	// Errors are those of AllowID, and one wrapping ErrInvalidOption for a
+	// negative after.
+	AllowIDAfter(ctx context.Context, key string, n int, id string, horizon, after time.Duration) (Decision, error)
 }
 
 // Algorithmer is implemented by limiters that name their algorithm, such as

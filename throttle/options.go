@@ -129,8 +129,9 @@ func WithAlgorithm(name string) Option {
 // the delay to its slot, and is admitted on its reservation when it comes
 // back. 0 (the default) reserves nothing; AdmitID is then still
 // idempotent. It must be >= 0, and NewGate refuses a horizon > 0 over a
-// limiter that does not implement IDLimiter (such as All, or
-// bucket.Hybrid), naming both: it could reserve nothing.
+// limiter that does not implement IDLimiter (bucket.Hybrid, or All with
+// a part that is not a SlotLimiter), naming both: it could reserve
+// nothing.
 func WithReservations(horizon time.Duration) Option {
 	return optionFunc(func(c *gateConfig) error {
 		if horizon < 0 {

@@ -71,7 +71,7 @@ func (l *windowLog) peek(now int64, n int, lim limits) throttle.Decision {
 		c := *l
 		c.units = units
 		c.head = l.head + sort.Search(len(live), func(i int) bool { return live[i].at > now-lim.window })
-		slot = c.slot(now, n, lim.limit, lim.window)
+		slot = c.slot(now, now, n, lim.limit, lim.window)
 	}
 	d := throttle.Decision{Limit: lim.limit, Source: throttle.SourceLocal}
 	if slot == now {

@@ -70,7 +70,13 @@
 //     grace.
 //
 // Ids are opaque bytes, scoped to the key. The same id should be presented
-// with the same n.
+// with the same n. An id admitted before is admitted with
+// Decision.AlreadyAdmitted set.
+//
+// AllowIDAfter (throttle.SlotLimiter) is AllowID for a slot no earlier
+// than now + after: the same search, from that instant; it gives up a
+// reservation the id holds before then and never admits now. throttle.All
+// uses it to hold one slot in every part.
 //
 // This is the sliding window log of the rate-limiting literature (see, for
 // example, Figma's "An alternative approach to rate limiting", 2017):

@@ -111,6 +111,10 @@ func (m *Memory) Refused() int64 { return m.refused.Load() }
 // Rate returns the limit the window enforces.
 func (m *Memory) Rate() throttle.Rate { return m.rate }
 
+// Clock returns the clock the window decides on (WithClock, or the
+// system clock). All reads it to place one slot in every part.
+func (m *Memory) Clock() throttle.Clock { return m.clock }
+
 // Algorithm returns "sliding_window_log".
 func (m *Memory) Algorithm() string { return algorithm }
 
@@ -125,7 +129,7 @@ func (m *Memory) Allow(ctx context.Context, key string) (throttle.Decision, erro
 // with the time until they would fit. The only error wraps
 // throttle.ErrInvalidCost, for n < 1 or n > Count. ctx is unused.
 func (m *Memory) AllowN(_ context.Context, key string, n int) (throttle.Decision, error) {
-	return m.decide(key, n, "", false, 0)
+	return m.decide(key, n, "", false, 0, 0)
 }
 
 // AllowID is AllowN for a request with identity id, reserving its own
@@ -137,7 +141,23 @@ func (m *Memory) AllowID(_ context.Context, key string, n int, id string, horizo
 	if horizon < 0 {
 		return throttle.Decision{}, errHorizon(horizon)
 	}
-	return m.decide(key, n, id, true, horizonMicros(horizon))
+	return m.decide(key, n, id, true, horizonMicros(horizon), 0)
+}
+
+// AllowIDAfter is AllowID for a request that must not start before now +
+// after, as throttle.SlotLimiter describes: All uses it to hold one slot
+// in every part. after is rounded up to the µs. Errors: those of AllowID,
+// and one wrapping throttle.ErrInvalidOption for after < 0. ctx is
+// unused.
+func (m *Memory) AllowIDAfter(_ context.Context, key string, n int, id string, horizon, after time.Duration) (throttle.Decision, error) {
+	if horizon < 0 {
+		return throttle.Decision{}, errHorizon(horizon)
+	}
+	us, err := throttle.AfterMicros(after)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	return m.decide(key, n, id, true, horizonMicros(horizon), us)
 }
 
 // rateOf returns key's rate (its quota, or the Memory's) and its window
@@ -150,7 +170,7 @@ func (m *Memory) rateOf(key string) (throttle.Rate, int64, error) {
 	return r, r.PerMicros(), err
 }
 
-func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64) (throttle.Decision, error) {
+func (m *Memory) decide(key string, n int, id string, withID bool, horizon, after int64) (throttle.Decision, error) {
 	r, perUS, err := m.rateOf(key)
 	if err != nil {
 		return blocked.Or(err, throttle.SourceLocal)
@@ -185,7 +205,7 @@ func (m *Memory) decide(key string, n int, id string, withID bool, horizon int64
 		s.logs[key] = l
 		s.peak = max(s.peak, len(s.logs))
 	}
-	return l.decide(now, n, id, withID, horizon, limits{limit: r.Count, window: window, nominal: perUS}), nil
+	return l.decide(now, n, id, withID, horizon, after, limits{limit: r.Count, window: window, nominal: perUS}), nil
 }
 
 // Len reports how many keys the window holds state for.

@@ -152,6 +152,11 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 	return l, nil
 }
 
+// Clock returns the clock the limiter decides on: WithClock's (or
+// WithServerClock's), nil for Redis's TIME. All reads it to place one slot
+// in every part.
+func (l *Redis) Clock() throttle.Clock { return l.clock }
+
 // Rate returns the limit the window enforces.
 func (l *Redis) Rate() throttle.Rate { return l.rate }
 
@@ -207,6 +212,28 @@ func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horiz
 		return throttle.Decision{}, errHorizon(horizon)
 	}
 	return l.decide(ctx, key, n, id, strconv.FormatInt(horizonMicros(horizon), 10))
+}
+
+// AllowIDAfter is AllowID for a request that must not start before now +
+// after (in Redis's clock, or the WithClock clock), as
+// throttle.SlotLimiter describes: All uses it to hold one slot in every
+// part. after is rounded up to the µs.
+//
+// Errors: those of AllowID, and one wrapping throttle.ErrInvalidOption
+// for after < 0, before any Redis call.
+func (l *Redis) AllowIDAfter(ctx context.Context, key string, n int, id string, horizon, after time.Duration) (throttle.Decision, error) {
+	if horizon < 0 {
+		return throttle.Decision{}, errHorizon(horizon)
+	}
+	us, err := throttle.AfterMicros(after)
+	if err != nil {
+		return throttle.Decision{}, err
+	}
+	h := strconv.FormatInt(horizonMicros(horizon), 10)
+	if us > 0 {
+		h += ">" + strconv.FormatInt(us, 10) // see window.lua's horizon
+	}
+	return l.decide(ctx, key, n, id, h)
 }
 
 // argAllowN is the horizon argument that tells window.lua the request has

@@ -287,7 +287,8 @@ func late(v []int64) bool { return len(v) == 2 && v[0] == -1 }
 
 // replyInts is the number of integers window.lua (and joint.lua) reply
 // per request: {code, retry µs, reset µs}; code = remaining + 1 when
-// admitted, -(remaining + 1) when rejected; retry negated when reserved.
+// admitted, -(remaining + 1) when rejected; retry negated when reserved,
+// and -1 when admitted on an id admitted before (AlreadyAdmitted).
 const replyInts = 3
 
 // decisions converts the script's reply, replyInts integers per request,
@@ -308,7 +309,9 @@ func decisions(v []int64, d []throttle.Decision, limit int) error {
 			ResetAfter: micros(max(reset, 0)),
 			Source:     throttle.SourceRedis,
 		}
-		if !d[i].Allowed {
+		if d[i].Allowed {
+			d[i].AlreadyAdmitted = retry < 0
+		} else {
 			// > 0 by construction (the slot is after now); kept > 0
 			// whatever the store says, as the Decision contract asks.
 			d[i].Reserved = retry < 0

@@ -248,9 +248,10 @@ type limits struct {
 }
 
 // decide is the algorithm at the instant now (µs) for a request of cost n
-// with identity id (withID), reserving up to horizon µs ahead (0: never).
-// The caller has checked n and holds the key's lock.
-func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int64, lim limits) throttle.Decision {
+// with identity id (withID), reserving up to horizon µs ahead (0: never),
+// at a slot no earlier than now + after (µs; AllowIDAfter, else 0). The
+// caller has checked n and holds the key's lock.
+func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon, after int64, lim limits) throttle.Decision {
 	limit, window := lim.limit, lim.window
 	l.span = window
 	now = max(now, l.floor)
@@ -262,14 +263,18 @@ func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int
 			e := l.es[i]
 			switch {
 			case !e.reserved: // admitted and still counted: not charged again
-				return l.allowed(now, lim)
-			case e.at > now: // too early for its slot
+				d := l.allowed(now, lim)
+				d.AlreadyAdmitted = true
+				return d
+			case e.at > now && e.at >= now+after: // too early for its slot
 				return l.rejected(now, e.at, true, lim)
 			}
+			// Its slot has come, or lies before now + after: given up,
+			// claimed below or searched for anew from now + after.
 			l.remove(i)
 			slot, claim = e.at, true
 		}
-		if claim {
+		if claim && after == 0 {
 			// Its slot has come (or passed): admitted now if the last
 			// window allows it. It is judged on the past alone, and only
 			// on what is ahead of it (admissions, and reservations for
@@ -284,9 +289,9 @@ func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon int
 			return l.admit(now, n, id, true, lim)
 		}
 	}
-	slot := now
+	slot := now + after
 	if l.units+n > limit {
-		slot = l.slot(now, n, limit, window)
+		slot = l.slot(now, slot, n, limit, window)
 	}
 	if slot == now {
 		return l.admit(now, n, id, withID, lim)
@@ -325,15 +330,18 @@ func (l *windowLog) rejected(now, slot int64, reserved bool, lim limits) throttl
 	}
 }
 
-// slot returns the earliest instant >= now at which n more units keep
-// every window within limit, reservations included: the tail of the
-// schedule, or a gap before it within backfillWindows.
-func (l *windowLog) slot(now int64, n, limit int, window int64) int64 {
-	tail := max(now, l.kthUnit(now-window, l.units+n-limit)+window)
-	if l.newest() <= now {
-		return tail // nothing ahead of now: the classic sliding window
+// slot returns the earliest instant >= from (>= now) at which n more
+// units keep every window within limit, reservations included: the tail
+// of the schedule, or a gap before it within backfillWindows of from. The
+// caller has found that the units held and n exceed limit.
+func (l *windowLog) slot(now, from int64, n, limit int, window int64) int64 {
+	tail := max(from, l.kthUnit(now-window, l.units+n-limit)+window)
+	if l.newest() <= from {
+		// Nothing ahead of from: the windows through it only lose units,
+		// so the classic sliding window's instant is the first fit.
+		return tail
 	}
-	return firstFit(l.live(), now, min(tail, now+backfillWindows*window), tail, n, limit, window)
+	return firstFit(l.live(), from, min(tail, from+backfillWindows*window), tail, n, limit, window)
 }
 
 // firstFit returns the earliest s in [from, end) at which n more units fit

@@ -43,7 +43,10 @@
 --              AllowID: the request's id; admitted units are stored as
 --              "A"..i..":"..id and reserved ones as "R"..i..":"..id.
 --     horizon  -1 for AllowN; -2 for Peek (AllowN's answer, nothing
---              written); else AllowID's reservation horizon, µs (>= 0).
+--              written); else AllowID's reservation horizon, µs (>= 0),
+--              or, for AllowIDAfter, "H>A": horizon H and a slot no
+--              earlier than now + A µs (A >= 1), which never admits now
+--              and gives up a reservation the id holds before then.
 --
 -- For each request: units count while score > now - window; they are
 -- dropped once score <= now - window - grace (grace: AllowID's horizon, at
@@ -69,8 +72,9 @@
 -- converts a script's reply element by element). code = remaining + 1
 -- when admitted, -(remaining + 1) when rejected: remaining = limit - units
 -- held after the decision (reservations included), at least 0.
--- retry_after_us = 0 when admitted, else the time to the slot, negated
--- when the slot is reserved; reset_after_us = newest unit + window - now.
+-- retry_after_us = 0 when admitted (-1: AllowID's id was admitted before,
+-- nothing charged), else the time to the slot, negated when the slot is
+-- reserved; reset_after_us = newest unit + window - now.
 -- Every value stays exact in a Lua number (a double) up to 2^53.
 --
 -- While KEYS[3] holds an instant after now the key is paused: every
@@ -230,7 +234,7 @@ local function decideKey(s, a, g)
 		local total, grace, ids, fast = 0, 10000000, nil, true
 		for i = first, last, 3 do
 			local h = ARGV[i + 2]
-			if h == "-2" then
+			if h == "-2" or string.find(h, ">", 1, true) then
 				fast = false
 				break
 			end
@@ -412,8 +416,9 @@ local function decideKey(s, a, g)
 		end
 	end
 
-	-- decide is one request, on the set as it is (pending written first).
-	local function decide(n, base, horizon)
+	-- decide is one request, on the set as it is (pending written first),
+	-- with its slot no earlier than now + delay (AllowIDAfter, else 0).
+	local function decide(n, base, horizon, delay)
 		local withID = horizon >= 0
 		local peek = horizon == -2
 		-- A reservation that left the window unclaimed can still be claimed,
@@ -439,7 +444,7 @@ local function decideKey(s, a, g)
 		-- every call): one unit of AllowN, or of AllowID with a new id, that fits.
 		-- It does what admit() does.
 		local known -- AllowID: ZMSCORE of the id's admitted and reserved units
-		if n == 1 and count < limit and not peek then
+		if n == 1 and count < limit and not peek and delay == 0 then
 			local member, keep = base, 0
 			if withID then
 				known = redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
@@ -595,14 +600,16 @@ local function decideKey(s, a, g)
 		if withID then
 			local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
 			if s[1] and tonumber(s[1]) > now - window then
-				return {1, math.max(limit - count, 0), 0, newest() + nominal - now, 0}
+				-- Admitted before: retry 1, marked, is the reply's -1.
+				return {1, math.max(limit - count, 0), 1, newest() + nominal - now, 1}
 			end
 			if s[2] then
 				local slot = tonumber(s[2])
-				if slot > now then
+				if slot > now and slot >= now + delay then
 					return {0, math.max(limit - count, 0), slot - now, newest() + nominal - now, 1}
 				end
-				-- Its slot has come: judged on the last window alone.
+				-- Its slot has come (judged on the last window alone), or
+				-- lies before now + delay (searched for anew below).
 				local units = {}
 				for i = 1, n do
 					units[i] = "R" .. i .. ":" .. base
@@ -611,69 +618,79 @@ local function decideKey(s, a, g)
 				if slot > now - window then
 					count = count - removed -- else it was no longer counted
 				end
-				-- Judged on what is ahead of it: admissions, and reservations for
-				-- earlier slots (ahead in schedule.go).
-				if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
-					return admit()
-				end
-				-- Every unit before its slot is ahead of it; of those at or
-				-- after it, the admissions only. A claim comes about on time,
-				-- so [slot, now] is read member by member, not the window.
-				local from, before = slot, 0
-				if slot > now - window then
-					before = redis.call("ZCOUNT", key, excl(now - window), excl(slot))
+				if delay > 0 then
+					vacated(slot)
 				else
-					from = excl(now - window)
-				end
-				local raw = redis.call("ZRANGE", key, from, now, "BYSCORE", "WITHSCORES")
-				local after = {} -- scores of the admissions in [slot, now], oldest first
-				for i = 1, #raw, 2 do
-					if string.byte(raw[i]) ~= 82 then -- 82: "R"
-						after[#after + 1] = tonumber(raw[i + 1])
+					-- Judged on what is ahead of it: admissions, and reservations for
+					-- earlier slots (ahead in schedule.go).
+					if redis.call("ZCOUNT", key, excl(now - window), now) + n <= limit then
+						return admit()
 					end
+					-- Every unit before its slot is ahead of it; of those at or
+					-- after it, the admissions only. A claim comes about on time,
+					-- so [slot, now] is read member by member, not the window.
+					local from, before = slot, 0
+					if slot > now - window then
+						before = redis.call("ZCOUNT", key, excl(now - window), excl(slot))
+					else
+						from = excl(now - window)
+					end
+					local raw = redis.call("ZRANGE", key, from, now, "BYSCORE", "WITHSCORES")
+					local later = {} -- scores of the admissions in [slot, now], oldest first
+					for i = 1, #raw, 2 do
+						if string.byte(raw[i]) ~= 82 then -- 82: "R"
+							later[#later + 1] = tonumber(raw[i + 1])
+						end
+					end
+					if before + #later + n <= limit then
+						return admit()
+					end
+					-- Its units move from its slot to later than now: instants
+					-- of the windows that held them may have room again. They
+					-- go where the k-th oldest unit ahead of them leaves.
+					vacated(slot)
+					local k = before + #later + n - limit
+					local leaves
+					if k <= before then
+						leaves = kth(now - window, k)
+					else
+						leaves = later[k - before]
+					end
+					return reject(leaves + window, true)
 				end
-				if before + #after + n <= limit then
-					return admit()
-				end
-				-- Its units move from its slot to later than now: instants
-				-- of the windows that held them may have room again. They
-				-- go where the k-th oldest unit ahead of them leaves.
-				vacated(slot)
-				local k = before + #after + n - limit
-				local leaves
-				if k <= before then
-					leaves = kth(now - window, k)
-				else
-					leaves = after[k - before]
-				end
-				return reject(leaves + window, true)
 			end
 		end
 
-		if count + n <= limit then
+		if delay == 0 and count + n <= limit then
 			return admit()
 		end
 
-		-- The tail of the schedule always fits: after the k-th oldest unit leaves.
-		local tail = math.max(now, kth(now - window, count + n - limit) + window)
+		-- The tail of the schedule always fits: after the k-th oldest unit
+		-- leaves (anywhere from start when the units and n are within limit).
+		local start = now + delay
+		local tail = start
+		if count + n > limit then
+			tail = math.max(start, kth(now - window, count + n - limit) + window)
+		end
 		local slot = tail
 		local top = newestScore(key, now)
-		if top > now then
+		if top > start then
 			-- Reservations ahead: look for a gap before the tail (firstFit in
 			-- schedule.go), within 16 windows: in what the hint marks as
 			-- unknown ([now, D)), then from the hint's instant (no room
-			-- before it) or now.
-			local stop = math.min(tail, now + 16 * window)
+			-- before it) or start.
+			local stop = math.min(tail, start + 16 * window)
 			local from, unknownUntil = hinted(n)
 			local found
-			if unknownUntil > now then
-				found = firstFit(now, math.min(unknownUntil, stop), tail)
+			if unknownUntil > start then
+				found = firstFit(start, math.min(unknownUntil, stop), tail)
 			end
 			if not found then
-				found = firstFit(math.max(from, unknownUntil), stop, tail)
+				found = firstFit(math.max(from, unknownUntil, start), stop, tail)
 			end
 			slot = found or tail
-			if slot > now and not peek then
+			-- Only a search from now learns where nothing fits.
+			if slot > now and not peek and delay == 0 then
 				remember(slot, n)
 			end
 		end
@@ -718,7 +735,13 @@ local function decideKey(s, a, g)
 	for i = first, last, 3 do
 		local n = tonumber(ARGV[i])
 		local base = ARGV[i + 1]
-		local horizon = tonumber(ARGV[i + 2])
+		local horizon, delay = ARGV[i + 2], 0
+		local mark = string.find(horizon, ">", 1, true)
+		if mark then
+			horizon, delay = tonumber(string.sub(horizon, 1, mark - 1)), tonumber(string.sub(horizon, mark + 1))
+		else
+			horizon = tonumber(horizon)
+		end
 		local at = #out
 		local reply
 		if horizon == -1 then
@@ -739,7 +762,7 @@ local function decideKey(s, a, g)
 				reply = rejected[2]
 			else
 				write()
-				reply = decide(n, base, horizon)
+				reply = decide(n, base, horizon, 0)
 				if reply[1] == 1 then
 					-- Admitted in a gap before reservations: written.
 					stored, rejected = nil, nil
@@ -749,7 +772,7 @@ local function decideKey(s, a, g)
 			end
 		else
 			write()
-			reply = decide(n, base, horizon)
+			reply = decide(n, base, horizon, delay)
 			if horizon ~= -2 then
 				stored, rejected = nil, nil
 			end

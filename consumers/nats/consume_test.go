@@ -15,7 +15,8 @@ import (
 // at the handlers' count, even when opts ask for nats.go's default of
 // 500: with 2 handlers of 100 ms first come, first served (Handle waits
 // while both run) and 20 messages, at most 2 run and 2 wait in the buffer
-// (ack pending <= 4, where a buffer of 500 takes all 20), and each is
+// (ack pending <= 8 with acks on their way, where a buffer of 500 takes
+// all 20), and each is
 // handled once. (With fair shares the messages wait in the scheduler,
 // with InProgress heartbeats, instead.)
 func TestConsumeBuffersWhatRuns(t *testing.T) {
@@ -39,8 +40,11 @@ func TestConsumeBuffersWhatRuns(t *testing.T) {
 		}
 		most = max(most, ackPending(t, c))
 	}
-	if most > 2*n {
-		t.Errorf("%d messages delivered and not acked at once, want at most %d (%d running, %d buffered)", most, 2*n, n, n)
+	// The server counts an ack once it arrives: a few acked messages may
+	// still count beside those running and buffered (a buffer of 500
+	// shows 18 to 20).
+	if limit := 2*n + 4; most > limit {
+		t.Errorf("%d messages delivered and not acked at once, want at most %d (%d running, %d buffered, a few acks on their way)", most, limit, n, n)
 	}
 	for seq, runs := range s.runs {
 		if runs != 1 {

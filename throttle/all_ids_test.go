@@ -1,0 +1,264 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
+)
+
+// slotStep is one AllowID of a stacked limit at T0+at.
+type slotStep struct {
+	at       time.Duration
+	key, id  string
+	allowed  bool
+	reserved bool
+	retry    time.Duration // the rejection's RetryAfter
+}
+
+func runSlotSteps(t *testing.T, lim throttle.Limiter, clock *throttletest.Clock, horizon time.Duration, steps []slotStep) {
+	t.Helper()
+	ids, ok := lim.(throttle.IDLimiter)
+	if !ok {
+		t.Fatalf("All over SlotLimiters (%T) is not an IDLimiter", lim)
+	}
+	for i, s := range steps {
+		clock.Set(throttletest.T0.Add(s.at))
+		d, err := ids.AllowID(context.Background(), s.key, 1, s.id, horizon)
+		if err != nil {
+			t.Fatalf("step %d (%s %s at %v): %v", i, s.key, s.id, s.at, err)
+		}
+		if d.Allowed != s.allowed || d.Reserved != s.reserved || (!s.allowed && d.RetryAfter != s.retry) {
+			t.Fatalf("step %d (%s %s at %v): %+v; want allowed %v, reserved %v, retry %v", i, s.key, s.id, s.at, d, s.allowed, s.reserved, s.retry)
+		}
+	}
+}
+
+// TestAllReservesOneSlot: a stacked limit with ids reserves a rejected
+// request's slot, the latest of its parts', in every part at once (the
+// parts with room are not charged now), and admits it in every part when it
+// comes back; when a part finds that slot taken, the others move to its
+// next one. A tenant window (1/s) under a partner window (10/s, then 1/s),
+// for every family.
+func TestAllReservesOneSlot(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			clock := throttletest.NewClock(throttletest.T0)
+			partner := fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock)
+			lim, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
+				throttle.Part{Limiter: partner, Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
+				{key: "a", id: "m1", allowed: true},
+				{key: "a", id: "m2", reserved: true, retry: time.Second},
+				{key: "a", id: "m2", reserved: true, retry: time.Second}, // a redelivery: the same slot
+			})
+			// The partner holds m1 now and m2 at T0+1s only: 9 more fit
+			// now, not 8.
+			for i := range 10 {
+				d, err := lim.AllowN(context.Background(), "tenant"+string(rune('b'+i)), 1)
+				if err != nil || d.Allowed != (i < 9) {
+					t.Fatalf("other tenant %d at T0: %+v, %v; the partner must not be charged for m2 before its slot, nor admit beyond 10", i, d, err)
+				}
+			}
+			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
+				{at: time.Second, key: "a", id: "m2", allowed: true},
+				{at: time.Second, key: "a", id: "m2", allowed: true}, // idempotent
+				{at: 1500 * time.Millisecond, key: "a", id: "m3", reserved: true, retry: 500 * time.Millisecond},
+			})
+		})
+	}
+}
+
+// TestAllSlotTakenMovesParts: when the partner's earliest slot is later
+// than the tenant's, the tenant's reservation moves to it; both come back
+// admitted there, and nothing else fits beside them.
+func TestAllSlotTakenMovesParts(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			clock := throttletest.NewClock(throttletest.T0)
+			lim, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock), Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
+				{key: "a", id: "m1", allowed: true},
+				{key: "b", id: "m2", reserved: true, retry: time.Second},     // the partner's slot; b moves to it
+				{key: "a", id: "m3", reserved: true, retry: 2 * time.Second}, // a's slot is taken at the partner
+				{at: time.Second, key: "c", id: "m4", reserved: true, retry: 2 * time.Second},
+				{at: time.Second, key: "b", id: "m2", allowed: true},
+				{at: 2 * time.Second, key: "a", id: "m3", allowed: true},
+				{at: 3 * time.Second, key: "c", id: "m4", allowed: true},
+			})
+		})
+	}
+}
+
+// TestAllNeverGivesBackAnEarlierAdmission: a part that admitted the id
+// before (AlreadyAdmitted: the message ran) keeps that admission when
+// another part, which forgot it, rejects the redelivery beyond the
+// horizon; what the request itself took is given back.
+func TestAllNeverGivesBackAnEarlierAdmission(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			clock := throttletest.NewClock(throttletest.T0)
+			partner := fam.window(t, throttle.Rate{Count: 3, Per: 10 * time.Second}, clock)
+			lim, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
+				throttle.Part{Limiter: partner, Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSlotSteps(t, lim, clock, 500*time.Millisecond, []slotStep{
+				{key: "a", id: "m", allowed: true},
+				{at: 1500 * time.Millisecond, key: "a", id: "x", allowed: true},
+				// The tenant forgot m (out of its 1 s window) and is full
+				// until T0+2.5s, beyond the 500 ms horizon; the partner
+				// still counts m's run at T0.
+				{at: 1500 * time.Millisecond, key: "a", id: "m", retry: time.Second},
+			})
+			peekRemaining(t, "after m's redelivery (m's earlier admission and x held, nothing given back)", partner, "global", 1)
+			d, err := lim.(throttle.IDLimiter).AllowID(context.Background(), "a", 1, "x", time.Minute)
+			if err != nil || !d.Allowed || !d.AlreadyAdmitted {
+				t.Fatalf("x again: %+v, %v; want admitted, AlreadyAdmitted in every part", d, err)
+			}
+		})
+	}
+}
+
+// TestAllBeyondHorizonHoldsNothing: a slot beyond the horizon in one part
+// leaves nothing held in any: the partner's charge is given back.
+func TestAllBeyondHorizonHoldsNothing(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			clock := throttletest.NewClock(throttletest.T0)
+			partner := fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock)
+			lim, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: 10 * time.Second}, clock)},
+				throttle.Part{Limiter: partner, Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSlotSteps(t, lim, clock, time.Second, []slotStep{
+				{key: "a", id: "m1", allowed: true},
+				{key: "a", id: "m2", retry: 10 * time.Second},
+			})
+			peekRemaining(t, "after m2 (m1 only held)", partner, "global", 9)
+		})
+	}
+}
+
+// TestAllBucketPartOpen: a token bucket that will be full again by the
+// slot takes nothing ahead of it (that would add to a burst there): the
+// request comes back with Reserved false, the window keeps its slot, and
+// both admit it then. A bucket in debt reserves the slot.
+func TestAllBucketPartOpen(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			clock := throttletest.NewClock(throttletest.T0)
+			lim, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
+				throttle.Part{Limiter: fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock), Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
+				{key: "a", id: "m1", allowed: true},
+				{key: "a", id: "m2", retry: time.Second}, // open at the bucket
+			})
+			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
+				{key: "a", id: "m3", retry: 2 * time.Second}, // the window kept m2's slot
+				{at: time.Second, key: "a", id: "m2", allowed: true},
+			})
+
+			clock.Set(throttletest.T0)
+			tight, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock)},
+				throttle.Part{Limiter: fam.bucket(t, throttle.Rate{Count: 1, Per: time.Second}, 1, clock), Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSlotSteps(t, tight, clock, time.Minute, []slotStep{
+				{key: "a", id: "m1", allowed: true},
+				{key: "b", id: "m2", reserved: true, retry: time.Second},
+				{at: time.Second, key: "b", id: "m2", allowed: true},
+			})
+		})
+	}
+}
+
+// TestAllGate: a Gate with reservations over All reserves one slot for a
+// rejected message; NewGate refuses WithReservations over an All with a
+// part that cannot reserve after an instant, naming it.
+func TestAllGate(t *testing.T) {
+	ctx := context.Background()
+	clock := throttletest.NewClock(throttletest.T0)
+	lim, err := throttle.All(
+		throttle.Part{Limiter: localBucket(t, throttle.Rate{Count: 1, Per: time.Second}, 1, clock), Key: global},
+		throttle.Part{Limiter: memoryWindow(t, throttle.Rate{Count: 5, Per: time.Second}, clock)},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := g.AdmitID(ctx, "a", 1, "m1"); err != nil || !d.Allowed {
+		t.Fatalf("first AdmitID: %+v, %v", d, err)
+	}
+	if d, err := g.AdmitID(ctx, "a", 1, "m2"); err != nil || d.Allowed || !d.Reserved || d.RetryAfter != time.Second {
+		t.Fatalf("second AdmitID: %+v, %v; want a reservation 1s ahead", d, err)
+	}
+	clock.Advance(time.Second)
+	if d, err := g.AdmitID(ctx, "a", 1, "m2"); err != nil || !d.Allowed {
+		t.Fatalf("m2 at its slot: %+v, %v", d, err)
+	}
+
+	plain := throttle.LimiterFunc(func(context.Context, string, int) (throttle.Decision, error) {
+		return throttle.Decision{Allowed: true}, nil
+	})
+	mixed, err := throttle.All(throttle.Part{Limiter: memoryWindow(t, throttle.Rate{Count: 5, Per: time.Second}, clock)}, throttle.Part{Limiter: plain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := mixed.(throttle.IDLimiter); ok {
+		t.Fatal("All with a plain part is an IDLimiter")
+	}
+	if _, err := throttle.NewGate(mixed, throttle.WithReservations(time.Minute)); !errors.Is(err, throttle.ErrInvalidOption) ||
+		!strings.Contains(err.Error(), "WithReservations") || !strings.Contains(err.Error(), "parts[1] (throttle.LimiterFunc)") {
+		t.Fatalf("NewGate(All(window, LimiterFunc), WithReservations): %v; want an error naming the part", err)
+	}
+}
+
+// TestAllowIDAfterNegative: every SlotLimiter refuses a negative after,
+// naming it, before deciding.
+func TestAllowIDAfterNegative(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		clock := throttletest.NewClock(throttletest.T0)
+		for _, l := range []throttle.Limiter{
+			fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock),
+			fam.bucket(t, throttle.Rate{Count: 1, Per: time.Second}, 1, clock),
+		} {
+			_, err := l.(throttle.SlotLimiter).AllowIDAfter(context.Background(), "k", 1, "m", time.Second, -time.Millisecond)
+			if !errors.Is(err, throttle.ErrInvalidOption) || !strings.Contains(err.Error(), "after") {
+				t.Errorf("%s %T: AllowIDAfter(after -1ms): %v; want an ErrInvalidOption naming after", fam.name, l, err)
+			}
+		}
+	}
+}
