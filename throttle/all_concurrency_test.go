@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +22,9 @@ import (
 // requests, and the charges that lost a race, were all given back); and,
 // by draining every tenant one request at a time, that the room left was
 // exactly the endpoints': 80 units in all, not one fewer, with the global
-// bucket holding exactly the 20 tokens left.
+// bucket holding exactly the 20 tokens left. It runs with AllowN, and with
+// AllowID (unique ids, a horizon no slot lies within: every rejection is
+// given back in every part).
 func TestAllConcurrent(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	for _, f := range []allFamily{
@@ -38,12 +41,13 @@ func TestAllConcurrent(t *testing.T) {
 			if f.name == "Memory+Local" {
 				clock = throttletest.NewClock(throttletest.T0) // frozen
 			}
-			runAllConcurrent(t, f, clock)
+			t.Run("AllowN", func(t *testing.T) { runAllConcurrent(t, f, clock, false) })
+			t.Run("AllowID", func(t *testing.T) { runAllConcurrent(t, f, clock, true) })
 		})
 	}
 }
 
-func runAllConcurrent(t *testing.T, f allFamily, clock throttle.Clock) {
+func runAllConcurrent(t *testing.T, f allFamily, clock throttle.Clock, withIDs bool) {
 	ctx := context.Background()
 	const (
 		tenantLimit = 30
@@ -82,7 +86,13 @@ func runAllConcurrent(t *testing.T, f allFamily, clock throttle.Clock) {
 			for i := range requests {
 				tenant := tenants[(g+i)%len(tenants)]
 				n := 1 + i%2
-				d, err := lim.AllowN(ctx, tenant, n)
+				var d throttle.Decision
+				var err error
+				if withIDs {
+					d, err = lim.(throttle.IDLimiter).AllowID(ctx, tenant, n, "g"+strconv.Itoa(g)+"-"+strconv.Itoa(i), time.Second)
+				} else {
+					d, err = lim.AllowN(ctx, tenant, n)
+				}
 				if err != nil {
 					t.Errorf("AllowN(%s, %d): %v", tenant, n, err)
 					return

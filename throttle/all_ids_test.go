@@ -3,7 +3,9 @@ package throttle_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,4 +263,88 @@ func TestAllowIDAfterNegative(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAllReservationsConcurrent: goroutines race messages of three
+// tenants (5 per 200 ms each) under a partner (8 per 200 ms) through All
+// with reservations, each message presented again at its slot until
+// admitted, on the system clock: every message is admitted once, and
+// neither a tenant nor the partner admits over its limit in any window
+// (counting the admissions whose calls lay wholly inside it).
+func TestAllReservationsConcurrent(t *testing.T) {
+	per := 200 * time.Millisecond
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			lim, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 5, Per: per}, nil)},
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 8, Per: per}, nil), Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := lim.(throttle.IDLimiter)
+			const goroutines, each = 8, 8
+			var mu sync.Mutex
+			at := map[string][]span{}
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range each {
+						tenant := "t" + strconv.Itoa((g+i)%3)
+						id := strconv.Itoa(g) + "-" + strconv.Itoa(i)
+						for try := 0; ; try++ {
+							start := time.Now()
+							d, err := ids.AllowID(context.Background(), tenant, 1, id, 10*time.Second)
+							if err != nil || try == 10 {
+								t.Errorf("%s %s: %+v, %v after %d tries", tenant, id, d, err, try)
+								return
+							}
+							if d.Allowed {
+								mu.Lock()
+								at[tenant] = append(at[tenant], span{start, time.Now()})
+								mu.Unlock()
+								break
+							}
+							time.Sleep(d.RetryAfter)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			var every []span
+			for tenant, ts := range at {
+				if n := maxIn(ts, per); n > 5 {
+					t.Errorf("%s: %d admissions within %v, want <= 5", tenant, n, per)
+				}
+				every = append(every, ts...)
+			}
+			if len(every) != goroutines*each {
+				t.Errorf("%d admitted, want %d", len(every), goroutines*each)
+			}
+			if n := maxIn(every, per); n > 8 {
+				t.Errorf("partner: %d admissions within %v, want <= 8", n, per)
+			}
+		})
+	}
+}
+
+// span is a call that admitted: its decision's instant lies in [start, end].
+type span struct{ start, end time.Time }
+
+// maxIn returns the most admissions certainly within one window of length
+// w: whose calls lay wholly inside [s, s+w) for the start s of one of them.
+func maxIn(ss []span, w time.Duration) int {
+	best := 0
+	for _, a := range ss {
+		n := 0
+		for _, b := range ss {
+			if !b.start.Before(a.start) && b.end.Before(a.start.Add(w)) {
+				n++
+			}
+		}
+		best = max(best, n)
+	}
+	return best
 }
