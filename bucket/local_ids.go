@@ -11,28 +11,10 @@ import (
 
 // AllowID is AllowN for a request with identity id (opaque bytes, scoped
 // to key), as throttle.IDLimiter describes, with tokens taken ahead of
-// time as golang.org/x/time/rate's ReserveN takes them:
-//
-//   - an id admitted and still remembered is admitted again, taking
-//     nothing;
-//   - an id holding a reservation is rejected with Reserved and a
-//     RetryAfter of the time to its slot while the slot is ahead, taking
-//     nothing, and admitted on its reservation once the slot has come (its
-//     tokens were taken when it was reserved);
-//   - otherwise it is admitted if n tokens are there, as AllowN; if not,
-//     and taking them now leaves a debt that the refill repays within
-//     horizon, it takes them (the bucket's credit goes negative), reserves
-//     the instant the debt is repaid for id, and rejects with Reserved and
-//     a RetryAfter of the time to it. Beyond the horizon it takes nothing
-//     and rejects as AllowN does (Reserved false). horizon 0 never
-//     reserves; horizons beyond 2^52 µs act as 2^52 µs.
-//
-// While the bucket is in debt AllowN rejects, with a RetryAfter that
-// includes the debt, so it never goes ahead of a reservation. Ids are
-// remembered for the bucket's time from empty to full (burst × Per /
-// Count) after their admission or slot, then forgotten: a forgotten id is
-// a new request. The same id should be presented with the same n. See the
-// package documentation.
+// time as golang.org/x/time/rate's ReserveN takes them; the rules are in
+// the package documentation ("Reservations and ids"). horizon 0 never
+// reserves; horizons beyond 2^52 µs act as 2^52 µs. The same id should be
+// presented with the same n.
 //
 // Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst, and
 // one wrapping throttle.ErrInvalidOption (naming "horizon") for horizon <

@@ -29,42 +29,21 @@ var (
 const idsSuffix = ":ids"
 
 // AllowID is AllowN for a request with identity id (opaque bytes, scoped
-// to key), as throttle.IDLimiter describes, with tokens taken ahead of
-// time as golang.org/x/time/rate's ReserveN takes them. The rules are
-// Local.AllowID's, decided in one Lua script (bucket_id.lua) per call at
-// the Redis server's TIME (or the WithClock clock):
-//
-//   - an id admitted and still remembered is admitted again, taking
-//     nothing (a redelivery, another worker, a retry after a lost reply
-//     or a timeout);
-//   - an id holding a reservation is rejected with Reserved and a
-//     RetryAfter of the time to its slot while the slot is ahead, taking
-//     nothing, and admitted on its reservation once the slot has come;
-//   - otherwise it is admitted if n tokens are there, as AllowN; if not,
-//     and taking them now leaves a debt that the refill repays within
-//     horizon, it takes them (the bucket's credit goes negative), reserves
-//     the instant the debt is repaid for id, and rejects with Reserved and
-//     a RetryAfter of the time to it. Beyond the horizon it writes nothing
-//     and rejects as AllowN does (Reserved false). horizon 0 never
-//     reserves; horizons beyond 2^52 µs act as 2^52 µs.
-//
-// Ids live in a sorted set beside the key's bucket, prefix + "{" + escaped
-// key + "}" + ":ids", members "A:" + id (admitted) and "R:" + id
-// (reserved) scored in µs; they are remembered for the bucket's time from
-// empty to full (burst × Per / Count) after their admission or slot, and
-// the set expires when its newest id is forgotten. The same id should be
-// presented with the same n. See the package documentation.
+// to key), as throttle.IDLimiter describes, with Local.AllowID's rules,
+// decided in one Lua script (bucket_id.lua) per call at the Redis
+// server's TIME (or the WithClock clock). Ids live in a sorted set beside
+// the key's bucket (see the package documentation).
 //
 // Errors: one wrapping throttle.ErrInvalidCost for n < 1 or n > burst, and
 // one wrapping throttle.ErrInvalidOption (naming "horizon") for horizon <
-// 0 or (WithQuotas) an invalid quota, both before any Redis call; otherwise a Redis or context error
-// (including the WithTimeout deadline), wrapped as "bucket: redis: ...".
-// After such an error the request may or may not have been decided:
-// presenting the same id again never charges it twice. With the server's
-// TIME, a script that runs after ctx's deadline less one round trip (Redis
-// was slow or stalled; in Redis's clock, the offset estimated from the
-// replies) applies nothing, so the id is not found admitted later on a
-// decision nobody saw; that error matches context.DeadlineExceeded.
+// 0 or (WithQuotas) an invalid quota, both before any Redis call;
+// otherwise a Redis or context error (including the WithTimeout deadline),
+// wrapped as "bucket: redis: ...". After such an error the request may or
+// may not have been decided: presenting the same id again never charges
+// it twice. With the server's TIME, a script that runs after ctx's
+// deadline less one round trip applies nothing, so the id is not found
+// admitted later on a decision nobody saw; that error matches
+// context.DeadlineExceeded.
 func (l *Redis) AllowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (throttle.Decision, error) {
 	return l.allowID(ctx, key, n, id, horizon, 0)
 }
