@@ -11,9 +11,8 @@ import (
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
-// TestConsumeBuffersWhatRuns: Handler.Consume keeps the client's buffer
-// at the handlers' count, even when opts ask for nats.go's default of
-// 500: with 2 handlers of 100 ms first come, first served (Handle waits
+// TestConsumeBuffersWhatRuns: Handler.Consume pulls no more than the
+// handlers' count at once (nats.go's Consume buffers 500): with 2 handlers of 100 ms first come, first served (Handle waits
 // while both run) and 20 messages, at most 2 run and 2 wait in the buffer
 // (ack pending <= 8 with acks on their way, where a buffer of 500 takes
 // all 20), and each is
@@ -28,7 +27,7 @@ func TestConsumeBuffersWhatRuns(t *testing.T) {
 	for i := range total {
 		e.publish(t, "jobs.a", fmt.Sprint(i), nil)
 	}
-	cc, err := h.Consume(c, jetstream.PullMaxMessages(500))
+	cc, err := h.Consume(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,5 +52,48 @@ func TestConsumeBuffersWhatRuns(t *testing.T) {
 	}
 	if _, err := h.Consume(nil); !errors.Is(err, throttle.ErrInvalidOption) {
 		t.Errorf("Consume(nil): %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestConsumeStopDrain: Drain hands over what was pulled and ends within
+// the pull request's second; after Stop nothing more is handled.
+func TestConsumeStopDrain(t *testing.T) {
+	e := newEnv(t)
+	c := e.consumer(t, jetstream.ConsumerConfig{AckWait: 5 * time.Second})
+	rec := newRecorder()
+	h := newHandler(t, rec.handle, newGate(t, throttle.PerSecond(10_000), nil), WithConcurrency(2), WithConsumer(c))
+	for i := range 5 {
+		e.publish(t, "jobs.a", fmt.Sprint(i), nil)
+	}
+	cc, err := h.Consume(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "5 handled messages", func() bool { return rec.len() >= 5 })
+	start := time.Now()
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-time.After(3 * time.Second):
+		t.Fatal("Drain did not end within 3 s")
+	}
+	t.Logf("Drain took %v", time.Since(start))
+	e.publish(t, "jobs.a", "late", nil)
+	time.Sleep(300 * time.Millisecond)
+	if n := rec.len(); n != 5 {
+		t.Errorf("%d handled after Drain ended, want 5", n)
+	}
+
+	cc, err = h.Consume(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the late message", func() bool { return rec.len() >= 6 })
+	cc.Stop()
+	<-cc.Closed()
+	e.publish(t, "jobs.a", "after stop", nil)
+	time.Sleep(300 * time.Millisecond)
+	if n := rec.len(); n != 6 {
+		t.Errorf("%d handled after Stop, want 6", n)
 	}
 }

@@ -8,7 +8,7 @@
 //	lim, _ := window.NewMemory(throttle.PerSecond(20))
 //	gate, _ := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
 //	h, err := natsthrottle.New(handle, gate, natsthrottle.WithConsumer(consumer))
-//	cc, _ := h.Consume(consumer) // consumer.Consume(h.Handle), buffering no more than it runs
+//	cc, _ := h.Consume(consumer) // pulls no more than it runs
 //	...
 //	cc.Drain()
 //	h.Close(ctx)

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
@@ -28,12 +27,6 @@ const (
 	// key waits to be seen. A stream with many subjects spaces the
 	// listings to 10 µs per subject.
 	DiscoverInterval = 20 * time.Millisecond
-	// fetchWait bounds one pull request of a key with nothing to deliver.
-	fetchWait = 5 * time.Second
-	// retryEvery is the pause after a failed fetch or consumer creation.
-	retryEvery = 200 * time.Millisecond
-	// apiTimeout bounds one JetStream API request.
-	apiTimeout = 5 * time.Second
 )
 
 // KeyedConsumer pulls a stream's messages one key at a time, a key being a
@@ -73,9 +66,8 @@ func WrapPulled(f func(jetstream.Msg) jetstream.Msg) KeyedOption {
 
 // keyPuller pulls one key's messages through its own durable consumer.
 type keyPuller struct {
-	key  string
-	cfg  jetstream.ConsumerConfig
-	cons jetstream.Consumer // nil until created
+	key string
+	cfg jetstream.ConsumerConfig
 
 	mu      sync.Mutex
 	ahead   int           // pulled messages that have not started
@@ -423,58 +415,38 @@ func escapedName(base, key string) string {
 // a goroutine of its own.
 func (kc *KeyedConsumer) pull(p *keyPuller) {
 	defer kc.wg.Done()
-	for kc.ctx.Err() == nil {
-		if p.cons == nil {
-			ctx, cancel := context.WithTimeout(kc.ctx, apiTimeout)
+	pl := &puller{
+		wait: fetchWait,
+		cons: func(ctx context.Context) (jetstream.Consumer, error) {
+			ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+			defer cancel()
 			cons, err := kc.stream.CreateOrUpdateConsumer(ctx, p.cfg)
-			cancel()
 			if err != nil {
-				kc.report(fmt.Errorf("create consumer %s: %w", p.cfg.Durable, err))
-				sleep(kc.ctx, retryEvery)
-				continue
+				return nil, fmt.Errorf("create consumer %s: %w", p.cfg.Durable, err)
 			}
-			p.cons = cons
-		}
-		if !p.pullAhead(kc.ctx) {
-			return
-		}
-		ctx, cancel := context.WithTimeout(kc.ctx, fetchWait)
-		batch, err := p.cons.Fetch(1, jetstream.FetchContext(ctx))
-		got := false
-		if err == nil {
-			for msg := range batch.Messages() {
-				got = true
-				kc.delivered.Add(1)
-				if kc.wrap != nil {
-					msg = kc.wrap(msg)
-				}
-				kc.wg.Add(1)
-				go kc.take(p, msg)
+			return cons, nil
+		},
+		room: func(ctx context.Context) int {
+			if !p.pullAhead(ctx) {
+				return 0
 			}
-			if !got {
-				kc.h.sched.SetBacklog(p.key, 0)
+			return 1
+		},
+		take: func(msg jetstream.Msg) {
+			kc.delivered.Add(1)
+			if kc.wrap != nil {
+				msg = kc.wrap(msg)
 			}
-			err = batch.Error()
-		}
-		cancel()
-		if !got {
+			kc.wg.Add(1)
+			go kc.take(p, msg)
+		},
+		empty: func() {
+			kc.h.sched.SetBacklog(p.key, 0)
 			p.started()
-		}
-		if err != nil && !quietFetchError(err) && kc.ctx.Err() == nil {
-			kc.report(fmt.Errorf("fetch from %s: %w", p.cfg.Durable, err))
-			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
-				p.cons = nil
-			}
-			sleep(kc.ctx, retryEvery)
-		}
+		},
+		report: func(err error) { kc.report(fmt.Errorf("%s: %w", p.cfg.Durable, err)) },
 	}
-}
-
-// quietFetchError reports whether err only says the pull request ended
-// without a message.
-func quietFetchError(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout)
+	pl.run(kc.ctx)
 }
 
 // take is the life of one pulled message until it starts. Its rate
