@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // Part is one limit of a stacked limit (see [All]): a Limiter and the key
@@ -75,9 +76,12 @@ type Part struct {
 // horizon, holds one slot in all of them, the latest of their earliest: a
 // part with room gives back its admission and reserves that slot instead
 // (AllowIDAfter), and if a part finds it taken, all move to the next
-// (at most 4 times). Reserved is then true; a token bucket that would be
-// full again by the slot holds nothing (Reserved false, the others keep
-// the slot); beyond the horizon in any part, nothing is held. A part that
+// (at most 4 times); Reserved is then true. A part that will have room
+// by the slot without holding it (a token bucket full again by then, which
+// holds nothing: tokens taken ahead would add to a burst there; a pause
+// that will have ended) decides when the request comes back, so it may
+// still reject it if others took that room first. Beyond the horizon in
+// any part, nothing is held. A part that
 // admitted the id before (Decision.AlreadyAdmitted: it ran) is never
 // given back. With horizon 0 and parts that decide in one atomic step,
 // AllowID is AllowN. Slots are placed on the first part's Clock (a
@@ -352,4 +356,29 @@ func (r *requestIDs) next() string {
 	var buf [4 + 17 + 13]byte
 	b := append(buf[:0], r.prefix...)
 	return string(strconv.AppendUint(b, r.seq.Add(1), 36))
+}
+
+// Pause pauses key for d in every part that is a Pauser, at the part's key
+// (see Pauser): a partner's 429 then holds back every request that would
+// reach it, whoever's key it came with. Errors are the parts', joined,
+// each wrapped with its index; one wrapping ErrCannotPause when no part is
+// a Pauser.
+func (a *all) Pause(ctx context.Context, key string, d time.Duration) error {
+	var errs []error
+	paused := false
+	for i := range a.parts {
+		p := &a.parts[i]
+		pp, ok := p.limiter.(Pauser)
+		if !ok {
+			continue
+		}
+		paused = true
+		if err := pp.Pause(ctx, p.keyOf(key), d); err != nil {
+			errs = append(errs, fmt.Errorf("throttle: All parts[%d]: %w", p.index, err))
+		}
+	}
+	if !paused {
+		return fmt.Errorf("%w: no part of %s can pause", ErrCannotPause, a.algorithm)
+	}
+	return errors.Join(errs...)
 }

@@ -67,12 +67,11 @@ type partSlot struct {
 // (T); every part admitted or reserved before T by this request is moved
 // to T (given back, then AllowIDAfter), and again to a later T when a part
 // finds T taken, at most slotRounds times. The request is then rejected
-// with RetryAfter = the time to T, Reserved when every part holds it. A
-// part that cannot reserve T (beyond the horizon, paused, or a token
-// bucket that will be full by then) stays open: with its own RetryAfter
-// by T, the others keep their slots and the request comes back with
-// Reserved false; beyond T, nothing is held. A part that admitted the id
-// before (AlreadyAdmitted) keeps that admission whatever happens.
+// with RetryAfter = the time to T and Reserved. A part that does not hold
+// T but will have room by then (a token bucket that will be full again, a
+// pause that will have ended) stays open and decides when the request
+// comes back; beyond the horizon, nothing is held. A part that admitted
+// the id before (AlreadyAdmitted) keeps that admission whatever happens.
 func (a *all) allowID(ctx context.Context, key string, n int, id string, horizon time.Duration) (Decision, error) {
 	if horizon < 0 {
 		return Decision{}, &OptionError{Field: "horizon", Reason: fmt.Sprintf("must be >= 0, got %v", horizon)}
@@ -134,16 +133,9 @@ func (a *all) allowID(ctx context.Context, key string, n int, id string, horizon
 		if moved {
 			continue // a part may have found the slot taken: check again
 		}
-		// Every part holds the slot, is pinned, or is open: reserved only
-		// if none is open, and none may be open beyond it.
-		reserved := true
-		for i := range slots {
-			s := &slots[i]
-			if !s.pinned && !s.d.Reserved {
-				reserved = false
-			}
-		}
-		return combine(slots, Decision{RetryAfter: CeilMillisecond(max(wait, time.Millisecond)), Reserved: reserved}), nil
+		// Every part holds the slot, is pinned, or is open by then (none
+		// is open beyond it): the request has its slot.
+		return combine(slots, Decision{RetryAfter: CeilMillisecond(max(wait, time.Millisecond)), Reserved: true}), nil
 	}
 }
 

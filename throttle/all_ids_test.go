@@ -164,28 +164,32 @@ func TestAllBeyondHorizonHoldsNothing(t *testing.T) {
 }
 
 // TestAllBucketPartOpen: a token bucket that will be full again by the
-// slot takes nothing ahead of it (that would add to a burst there): the
-// request comes back with Reserved false, the window keeps its slot, and
+// slot takes nothing ahead of it (that would add to a burst there), and
+// the request still has its slot (Reserved): the window keeps it, and
 // both admit it then. A bucket in debt reserves the slot.
 func TestAllBucketPartOpen(t *testing.T) {
 	for _, fam := range allFamilies(t) {
 		t.Run(fam.name, func(t *testing.T) {
 			clock := throttletest.NewClock(throttletest.T0)
+			partner := fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock)
 			lim, err := throttle.All(
 				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
-				throttle.Part{Limiter: fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock), Key: global},
+				throttle.Part{Limiter: partner, Key: global},
 			)
 			if err != nil {
 				t.Fatal(err)
 			}
 			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
 				{key: "a", id: "m1", allowed: true},
-				{key: "a", id: "m2", retry: time.Second}, // open at the bucket
+				{key: "a", id: "m2", reserved: true, retry: time.Second}, // open at the bucket
 			})
 			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
-				{key: "a", id: "m3", retry: 2 * time.Second}, // the window kept m2's slot
+				{key: "a", id: "m3", reserved: true, retry: 2 * time.Second}, // the window kept m2's slot
 				{at: time.Second, key: "a", id: "m2", allowed: true},
 			})
+			// m2 took its token at its slot, from a full bucket: 9 left, not
+			// the 10 a token taken at T0 would have left beside it.
+			peekRemaining(t, "after m2 at its slot", partner, "global", 9)
 
 			clock.Set(throttletest.T0)
 			tight, err := throttle.All(
@@ -347,4 +351,34 @@ func maxIn(ss []span, w time.Duration) int {
 		best = max(best, n)
 	}
 	return best
+}
+
+// TestAllPause: pausing All pauses every part at its own key: a partner's
+// pause holds back every tenant.
+func TestAllPause(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			clock := throttletest.NewClock(throttletest.T0)
+			lim, err := throttle.All(
+				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock)},
+				throttle.Part{Limiter: fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock), Key: global},
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lim.(throttle.Pauser).Pause(context.Background(), "a", 2*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			for _, key := range []string{"a", "b"} {
+				d, err := lim.AllowN(context.Background(), key, 1)
+				if err != nil || d.Allowed || d.RetryAfter < 2*time.Second {
+					t.Fatalf("%s during the pause: %+v, %v; want a rejection for the pause's 2s", key, d, err)
+				}
+			}
+			clock.Advance(2 * time.Second)
+			if d, err := lim.AllowN(context.Background(), "b", 1); err != nil || !d.Allowed {
+				t.Fatalf("after the pause: %+v, %v", d, err)
+			}
+		})
+	}
 }

@@ -63,7 +63,8 @@ type Decision struct {
 	// Reserved reports, for a rejection, that the limiter holds a slot for
 	// this request's id at now + RetryAfter (see IDLimiter): presenting
 	// the same id again at or after that instant is admitted on the
-	// reservation. Always false when Allowed.
+	// reservation. (For All: every part holds it, or will have room then
+	// without holding it; see All.) Always false when Allowed.
 	Reserved bool
 	// AlreadyAdmitted reports, for an admission by AllowID, that the id
 	// was admitted before this call and is still counted (a redelivery,

@@ -62,7 +62,8 @@ type asynqSide struct {
 	lim     *recordingLimiter
 	rec     *recorder
 	tracer  trace.Tracer
-	work    time.Duration // -work: how long every handler takes
+	work    time.Duration  // -work: how long every handler takes
+	partner *partnerClient // -partner-quota: called once per job
 
 	handlerErrs, throttleErrs errorLog
 
@@ -76,13 +77,13 @@ type asynqSide struct {
 // (with a client of its own), on queues named after queue, one per tenant
 // of tenants (up to maxAsynqQueues), gated by a Gate over lim (whose
 // Redis client honours context deadlines). Admissions and handler runs go
-// to rec; the Gate's metrics to mp. cl stops the server, deletes the
+// to rec; the Gate's metrics to mp; every handler calls partner, if set. cl stops the server, deletes the
 // queues and closes the client.
 //
 // inf, when not nil, limits the handlers of a tenant running at once; each
 // takes cfg.Work. cfg.Handlers handlers run at once, shared fairly across
 // tenants by weight with cfg.Fair.
-func startAsynq(ctx context.Context, cfg config, queue string, tenants []string, weight func(string) float64, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, tp trace.TracerProvider, mp metric.MeterProvider, cl *closers) (*asynqSide, error) {
+func startAsynq(ctx context.Context, cfg config, queue string, tenants []string, weight func(string) float64, lim *recordingLimiter, inf throttle.InFlightLimiter, rec *recorder, partner *partnerClient, tp trace.TracerProvider, mp metric.MeterProvider, cl *closers) (*asynqSide, error) {
 	redisURL, reservations, work := cfg.RedisURL, cfg.Reservations, cfg.Work
 	if cfg.BrokerURL != "" {
 		redisURL = cfg.BrokerURL
@@ -102,6 +103,7 @@ func startAsynq(ctx context.Context, cfg config, queue string, tenants []string,
 		rec:      rec,
 		tracer:   tp.Tracer(scopeName),
 		work:     work,
+		partner:  partner,
 		archived: -1,
 		queueOf:  map[string]string{},
 	}
@@ -241,6 +243,16 @@ func (a *asynqSide) handle(ctx context.Context, t *asynq.Task) error {
 	start := time.Now()
 	if a.work > 0 {
 		time.Sleep(a.work)
+	}
+	if a.partner != nil {
+		if ok, retry, err := a.partner.call(ctx); !ok {
+			if err != nil {
+				a.handlerErrs.add("partner "+j.ID, err)
+				retry = time.Second
+			}
+			// Answered 429: back later, no retry spent; not a handler run.
+			return asynqthrottle.Backoff(retry)
+		}
 	}
 	retried, _ := asynq.GetRetryCount(ctx)
 	a.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: id, At: start.UnixNano(), End: time.Now().UnixNano(), Delivery: uint64(retried) + 1})

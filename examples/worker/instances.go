@@ -123,6 +123,10 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 		return err
 	}
 	q.hashKey = cfg.KeyPrefix + "quotas"
+	pset, err := parsePartner(cfg.Partner, "", "")
+	if err != nil {
+		return err
+	}
 	var cl closers
 	defer cl.run()
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)
@@ -134,6 +138,9 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 		return err
 	}
 	spec.Meters = mp
+	if spec.Partner, err = newPartnerLimit(pset, rc, cfg.KeyPrefix, spec.timeout()); err != nil {
+		return err
+	}
 	lim, _, err := newLimiter(ctx, spec, rc, cfg.KeyPrefix, q, &cl)
 	if err != nil {
 		return err
@@ -166,6 +173,9 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 		return err
 	}
 	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs(), work: cfg.Work}
+	if cfg.PartnerURL != "" {
+		w.partner = newPartnerClient(cfg.PartnerURL, cfg.Handlers)
+	}
 	lim.rejected = w.reserved.set
 	stopConsumer, err := consume(src, cfg, jf.weight, gate, inf, w, tp)
 	if err != nil {
@@ -271,7 +281,8 @@ func (ps *processes) start(id int) error {
 		"-rate", cfg.Rate, "-rates", cfg.RatesPath, "-limiter", cfg.Limiter, "-burst", strconv.Itoa(cfg.Burst),
 		"-reservations", cfg.Reservations.String(), "-redis-timeout", cfg.RedisTimeout.String(),
 		"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String(),
-		"-fair=" + strconv.FormatBool(cfg.Fair), "-handlers", strconv.Itoa(cfg.Handlers), "-faults", cfg.Faults}
+		"-fair=" + strconv.FormatBool(cfg.Fair), "-handlers", strconv.Itoa(cfg.Handlers), "-faults", cfg.Faults,
+		"-partner", cfg.Partner, "-partner-url", cfg.PartnerURL}
 	if cfg.Metrics != "" {
 		addr, err := processMetricsAddr(cfg.Metrics, id)
 		if err != nil {
@@ -466,7 +477,7 @@ func (ps *processes) hybridStats() (bucket.HybridStats, bool) {
 //
 // The faults of fs are injected while it runs; kill-worker kills one of
 // the worker processes and starts a replacement.
-func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, q *quotas, spec limiterSpec, fs faultSetup) (report, error) {
+func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, q *quotas, spec limiterSpec, fs faultSetup, pset partnerSettings) (report, error) {
 	rateOf := q.rate
 	if cfg.RedisURL == "" {
 		return report{}, fmt.Errorf("-instances %d needs -redis URL: the worker processes share their limits through Redis", cfg.Instances)
@@ -493,6 +504,13 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	rec.rateOf = rateOf
 	rec.weightOf = jf.weight
 	rec.horizon = cfg.Reservations
+	var partner *partnerServer
+	if pset.Quota.Count > 0 {
+		if partner, err = startPartner(pset, start, &cl); err != nil {
+			return report{}, err
+		}
+		cfg.PartnerURL = partner.url
+	}
 	ps, err := startProcesses(cfg, cfg.Instances, nc.ConnectedUrl(), prefix, rec, out)
 	if err != nil {
 		return report{}, err
@@ -543,6 +561,10 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	ps.mu.Lock()
 	rep.Longest, rep.Timeout = ps.longest, spec.timeout()
 	ps.mu.Unlock()
+	if partner != nil {
+		pr := partner.report(pset, rec.charged())
+		rep.Partner = &pr
+	}
 	rep.print(out)
 	if pubErr != nil {
 		return rep, fmt.Errorf("publish: %w", pubErr)

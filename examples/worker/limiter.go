@@ -42,6 +42,9 @@ type limiterSpec struct {
 	Family string         // familyWindow ("" too), familyBucket or familyHybrid
 	Burst  int            // bucket capacity; 0 means each tenant's rate Count
 	Bursts map[string]int // per-tenant capacities (-rates), over Burst
+	// Partner is the -partner limit, stacked on every tenant's with
+	// throttle.All (nil: none). Every limiter of the run shares it.
+	Partner throttle.Limiter
 	// Meters gets the hybrids' own metrics (bucket.WithMeterProvider):
 	// the provider of -metrics. Nil means the global one.
 	Meters metric.MeterProvider
@@ -210,6 +213,12 @@ func newFamilyLimiter(spec limiterSpec, rc *redis.Client, prefix string, r throt
 	if err != nil {
 		return nil, err
 	}
+	if spec.Partner != nil {
+		l, err = throttle.All(throttle.Part{Limiter: l}, throttle.Part{Limiter: spec.Partner, Key: func(string) string { return partnerKey }})
+		if err != nil {
+			return nil, err
+		}
+	}
 	return &recordingLimiter{l: l, rate: r, hybrid: h}, nil
 }
 
@@ -275,6 +284,16 @@ func (l *recordingLimiter) AllowID(ctx context.Context, key string, n int, id st
 		l.rejected(id, d.Reserved)
 	}
 	return d, err
+}
+
+// Pause pauses key in the limiter (a partner's 429, through the
+// consumers' Backoff): with -partner, the partner's key too.
+func (l *recordingLimiter) Pause(ctx context.Context, key string, d time.Duration) error {
+	p, ok := l.l.(throttle.Pauser)
+	if !ok {
+		return fmt.Errorf("%w: %T", throttle.ErrCannotPause, l.l)
+	}
+	return p.Pause(ctx, key, d)
 }
 
 // reservedIDs are the ids whose last rejection reserved their slot, until

@@ -218,11 +218,17 @@ type config struct {
 	// Faults is the -faults list: kill-redis, pause-redis, kill-worker,
 	// restart-nats, comma-separated, injected during the run.
 	Faults string
+	// Partner is -partner (the partner's limit, stacked on every
+	// tenant's), PartnerQuota -partner-quota (a simulated partner that
+	// every handler calls once per job) and PartnerQuotaAfter its
+	// changes, "T=RATE,...".
+	Partner, PartnerQuota, PartnerQuotaAfter string
 
 	// The hidden settings of a worker process of -instances.
 	WorkerOnly bool   // be a worker process: consume, send records to stdout, stop at EOF on stdin
 	WorkerID   int    // its number, 1..Instances
 	KeyPrefix  string // the Redis key prefix of the run's limiters
+	PartnerURL string // the partner server of the run
 }
 
 func defaultConfig() config {
@@ -243,7 +249,7 @@ func defaultConfig() config {
 
 // hiddenFlags are for the worker processes of -instances only, and left
 // out of the usage message.
-var hiddenFlags = map[string]bool{"worker-only": true, "worker-id": true, "key-prefix": true}
+var hiddenFlags = map[string]bool{"worker-only": true, "worker-id": true, "key-prefix": true, "partner-url": true}
 
 func main() {
 	cfg := defaultConfig()
@@ -272,6 +278,10 @@ func main() {
 	flag.BoolVar(&cfg.WorkerOnly, "worker-only", false, "be a worker process of -instances")
 	flag.IntVar(&cfg.WorkerID, "worker-id", 0, "number of the worker process")
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "", "Redis key prefix of the limiters")
+	flag.StringVar(&cfg.PartnerURL, "partner-url", "", "the partner server of the run")
+	flag.StringVar(&cfg.Partner, "partner", "", "the partner's `limit` COUNT/PERIOD: one key stacked on every tenant's limit (throttle.All), for both consumers and every process")
+	flag.StringVar(&cfg.PartnerQuota, "partner-quota", "", "start a simulated partner that every handler calls once per job, accepting at most `RATE` (a sliding window the throttle is not told about) and answering the rest 429 with Retry-After; a job counts as handled when the partner accepted its call")
+	flag.StringVar(&cfg.PartnerQuotaAfter, "partner-quota-after", "", "change the partner's quota during the run: `T=RATE`[,...] from the replay's start, e.g. 10s=10/1s")
 	flag.Usage = usage
 	flag.Parse()
 	redis.SetLogger(newRedisLog(os.Stderr, time.Second))

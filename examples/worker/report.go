@@ -14,6 +14,24 @@ type (
 		Seconds   float64        `json:"seconds"` // the whole run
 		Faults    []jsonFault    `json:"faults"`  // injected with -faults, in order
 		Consumers []jsonConsumer `json:"consumers"`
+		Partner   *jsonPartner   `json:"partner,omitempty"` // -partner-quota
+	}
+	// jsonPartner is the simulated partner, both consumers and every
+	// process together.
+	jsonPartner struct {
+		Quota       string `json:"quota"`        // -partner-quota, at the start
+		Calls       int    `json:"calls"`        // every call the handlers made
+		Accepted    int    `json:"accepted"`     // answered 200: the job counts as handled
+		Rejected429 int    `json:"rejected_429"` // answered 429: the job comes back (Backoff), not a handler run
+		// MaxInWindow is the most admissions on the partner's key
+		// certainly inside any window of -partner's period (1 s without
+		// it), as for tenants.
+		MaxInWindow int    `json:"max_in_window"`
+		LimitFinal  string `json:"limit_final"` // the -partner limit at the end ("" without it)
+		// AcceptedPerS and RejectedPerS count the calls per whole second
+		// from the replay's t=0, to the last call.
+		AcceptedPerS []int `json:"accepted_per_s"`
+		RejectedPerS []int `json:"rejected_per_s"`
 	}
 	jsonFault struct {
 		Kind       string  `json:"kind"`              // kill-redis, pause-redis, kill-worker or restart-nats
@@ -76,6 +94,13 @@ func writeReport(path string, rep report, elapsed time.Duration) error {
 	out.Consumers = append(out.Consumers, rep.jsonConsumer())
 	if rep.Asynq != nil {
 		out.Consumers = append(out.Consumers, rep.Asynq.jsonConsumer())
+	}
+	if p := rep.Partner; p != nil {
+		out.Partner = &jsonPartner{Quota: p.Quota.String(), Calls: p.Calls, Accepted: p.Accepted, Rejected429: p.Rejected429,
+			MaxInWindow: p.MaxInWindow, AcceptedPerS: p.AcceptedPerS, RejectedPerS: p.RejectedPerS}
+		if p.Budget.Count > 0 {
+			out.Partner.LimitFinal = p.Budget.String()
+		}
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {

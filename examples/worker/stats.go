@@ -305,6 +305,18 @@ type event struct {
 	id     string // "" for none
 }
 
+// charged returns every tenant's admissions that charged the limiter
+// (see charged): the admissions on the partner's key, with -partner.
+func (r *recorder) charged() []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []event
+	for tenant, evs := range r.admits {
+		out = append(out, charged(evs, r.rateOf(tenant).Per)...)
+	}
+	return out
+}
+
 // charged returns the events that charged the limiter: an id admitted
 // again while an earlier charged admission of it may still be in the
 // window of length per is admitted without a new charge (Gate.AdmitID: a
@@ -412,7 +424,8 @@ type report struct {
 	MaxRetry       int      // of every task
 	MostRejections int      // most rejections of one job
 
-	Asynq *report // the asynq consumer, with -redis
+	Asynq   *report        // the asynq consumer, with -redis
+	Partner *partnerReport // -partner-quota: every consumer and process
 	// natsConsumers names the JetStream consumers, for the summary.
 	natsConsumers string
 
@@ -575,6 +588,9 @@ func (rep report) print(w io.Writer) {
 	} else {
 		rep.printTable(w, "NATS JetStream, "+rep.natsConsumers+":")
 		rep.Asynq.printTable(w, "asynq, "+queueNames(rep.Asynq.Queues)+":")
+	}
+	if rep.Partner != nil {
+		fmt.Fprintln(w, rep.Partner.line())
 	}
 	fmt.Fprintln(w, rep.verdict())
 }

@@ -151,8 +151,12 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if cfg.Linger < 0 || (cfg.Linger > 0 && cfg.Metrics == "") {
 		return report{}, fmt.Errorf("-linger %v: needs -metrics ADDR and a duration >= 0 (it keeps the metrics endpoint serving after the summary)", cfg.Linger)
 	}
+	ps, err := parsePartner(cfg.Partner, cfg.PartnerQuota, cfg.PartnerQuotaAfter)
+	if err != nil {
+		return report{}, err
+	}
 	if cfg.Instances > 1 {
-		return workInstances(ctx, cfg, stdout, jf, q, spec, fs)
+		return workInstances(ctx, cfg, stdout, jf, q, spec, fs, ps)
 	}
 
 	var cl closers
@@ -175,6 +179,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "queuethrottle:example:" + runID + ":"
 	q.hashKey = prefix + "quotas"
+	if spec.Partner, err = newPartnerLimit(ps, rc, prefix, spec.timeout()); err != nil {
+		return report{}, err
+	}
 	lim, limName, err := newLimiter(ctx, spec, rc, prefix, q, &cl)
 	if err != nil {
 		return report{}, err
@@ -196,6 +203,13 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	rec.rateOf = rateOf
 	rec.weightOf = jf.weight
 	rec.horizon = cfg.Reservations
+	var partner *partnerServer
+	if ps.Quota.Count > 0 {
+		if partner, err = startPartner(ps, start, &cl); err != nil {
+			return report{}, err
+		}
+		ps.client = newPartnerClient(partner.url, cfg.Handlers)
+	}
 
 	// With -redis, an asynq server on the same Redis gets the same jobs,
 	// gated by a limiter of its own (keys under a prefix of their own).
@@ -214,7 +228,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		if err != nil {
 			return report{}, err
 		}
-		if as, err = startAsynq(ctx, cfg, "qt-example-"+runID, jf.tenants(), jf.weight, alim, ainf, arec, tp, mp, &cl); err != nil {
+		if as, err = startAsynq(ctx, cfg, "qt-example-"+runID, jf.tenants(), jf.weight, alim, ainf, arec, ps.client, tp, mp, &cl); err != nil {
 			return report{}, err
 		}
 	}
@@ -226,7 +240,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		return report{}, err
 	}
 	tracer := tp.Tracer(scopeName)
-	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs(), work: cfg.Work}
+	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs(), work: cfg.Work, partner: ps.client}
 	lim.rejected = w.reserved.set
 	stopConsumer, err := consume(ns.source, cfg, jf.weight, gate, inf, w, tp)
 	if err != nil {
@@ -313,6 +327,14 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		}
 		arep.Longest, arep.Timeout = as.lim.longestDecision(), spec.timeout()
 		rep.Asynq = &arep
+	}
+	if partner != nil {
+		admits := rec.charged()
+		if as != nil {
+			admits = append(admits, as.rec.charged()...)
+		}
+		pr := partner.report(ps, admits)
+		rep.Partner = &pr
 	}
 	rep.print(out)
 	linger(ctx, cfg.Linger, metricsAddr, out)
@@ -777,7 +799,8 @@ type worker struct {
 	tracer   trace.Tracer
 	proc     int           // worker process, with -instances
 	reserved *reservedIDs  // the rejections of the Gate's limiter that reserved a slot
-	work     time.Duration // -work: how long every handler takes
+	work     time.Duration  // -work: how long every handler takes
+	partner  *partnerClient // -partner-quota: called once per job
 
 	handlerErrs, throttleErrs errorLog
 
@@ -832,6 +855,20 @@ func (w *worker) handle(m jetstream.Msg) {
 	}
 	if w.work > 0 {
 		time.Sleep(w.work)
+	}
+	if w.partner != nil {
+		if ok, retry, err := w.partner.call(ctx); !ok {
+			if err != nil {
+				w.handlerErrs.add("partner "+j.ID, err)
+				retry = time.Second
+			}
+			// Answered 429: back later (natsthrottle.Backoff pauses the
+			// partner's key too), no delivery lost; not a handler run.
+			if err := natsthrottle.Backoff(m, retry); err != nil {
+				w.handlerErrs.add("backoff "+j.ID, err)
+			}
+			return
+		}
 	}
 	w.rec.handle(handled{Tenant: j.Tenant, JobID: j.ID, Ref: strconv.FormatUint(seq, 10), Proc: w.proc, At: start.UnixNano(), End: time.Now().UnixNano(),
 		Delivery: delivery, Received: received.UnixNano()})

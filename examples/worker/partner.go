@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
+)
+
+// partnerKey is the one key of the partner's limit (-partner), stacked on
+// every tenant's (throttle.All).
+const partnerKey = "partner"
+
+// partnerSettings are the -partner flags.
+type partnerSettings struct {
+	Budget throttle.Rate  // -partner: the limit the worker believes in (zero: none)
+	Quota  throttle.Rate  // -partner-quota: what the simulated partner accepts (zero: no partner)
+	After  []quotaChange  // -partner-quota-after: its quota changes
+	URL    string         // the partner server (-partner-url in a worker process)
+	client *partnerClient // set for the run: every handler calls it once per job
+}
+
+// quotaChange is the partner's quota from At (from the replay's t=0) on.
+type quotaChange struct {
+	At   time.Duration
+	Rate throttle.Rate
+}
+
+// parsePartner checks the -partner flags.
+func parsePartner(budget, quota, after string) (partnerSettings, error) {
+	var ps partnerSettings
+	var err error
+	if budget != "" {
+		if ps.Budget, err = throttle.ParseRate(budget); err != nil {
+			return ps, fmt.Errorf("-partner: %w", err)
+		}
+	}
+	if quota != "" {
+		if ps.Quota, err = throttle.ParseRate(quota); err != nil {
+			return ps, fmt.Errorf("-partner-quota: %w", err)
+		}
+	}
+	for _, item := range strings.FieldsFunc(after, func(r rune) bool { return r == ',' }) {
+		at, rate, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok {
+			return ps, fmt.Errorf("-partner-quota-after: %q is not T=RATE (e.g. 10s=10/1s)", item)
+		}
+		var c quotaChange
+		if c.At, err = time.ParseDuration(at); err != nil || c.At < 0 {
+			return ps, fmt.Errorf("-partner-quota-after: %q: T must be a duration >= 0 from the replay's start", item)
+		}
+		if c.Rate, err = throttle.ParseRate(rate); err != nil {
+			return ps, fmt.Errorf("-partner-quota-after: %q: %w", item, err)
+		}
+		ps.After = append(ps.After, c)
+	}
+	if len(ps.After) > 0 && ps.Quota.Count == 0 {
+		return ps, errors.New("-partner-quota-after needs -partner-quota: it changes the simulated partner's quota")
+	}
+	return ps, nil
+}
+
+// on reports whether the handlers call a partner.
+func (ps partnerSettings) on() bool { return ps.Quota.Count > 0 || ps.URL != "" }
+
+// newPartnerLimit returns the limit of -partner on its one key, shared by
+// every consumer and process: a window in Redis under prefix, or in
+// process without Redis; nil without -partner.
+func newPartnerLimit(ps partnerSettings, rc *redis.Client, prefix string, timeout time.Duration) (throttle.Limiter, error) {
+	if ps.Budget.Count == 0 {
+		return nil, nil
+	}
+	if rc == nil {
+		return window.NewMemory(ps.Budget)
+	}
+	return window.NewRedis(rc, ps.Budget, window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout))
+}
+
+// partnerServer is -partner-quota: the downstream every handler calls once
+// per job. It accepts at most its quota in any window (a sliding window
+// log of its own, which the throttle is not told about) and answers the
+// rest 429 with Retry-After (whole seconds, rounded up, as HTTP has it)
+// and Retry-After-Ms (the exact wait, which the handlers use).
+type partnerServer struct {
+	srv   *http.Server
+	url   string
+	start time.Time // the replay's t=0
+	win   *window.Memory
+	quota atomic.Pointer[throttle.Rate]
+
+	mu    sync.Mutex
+	calls []partnerCall
+}
+
+// partnerCall is one call the partner answered, at an offset from start.
+type partnerCall struct {
+	at time.Duration
+	ok bool
+}
+
+// startPartner serves the partner on a free loopback port until cl runs;
+// its quota follows ps.After from start on.
+func startPartner(ps partnerSettings, start time.Time, cl *closers) (*partnerServer, error) {
+	p := &partnerServer{start: start}
+	p.quota.Store(&ps.Quota)
+	var err error
+	p.win, err = window.NewMemory(ps.Quota, window.WithQuotas(func(string) throttle.Quota { return throttle.Quota{Rate: *p.quota.Load()} }))
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("-partner-quota: %w", err)
+	}
+	p.url = "http://" + ln.Addr().String() + "/call"
+	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 5 * time.Second}
+	go p.srv.Serve(ln)
+	var timers []*time.Timer
+	for _, c := range ps.After {
+		rate := c.Rate
+		timers = append(timers, time.AfterFunc(time.Until(start.Add(c.At)), func() { p.quota.Store(&rate) }))
+	}
+	cl.add(func() {
+		for _, t := range timers {
+			t.Stop()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		p.srv.Shutdown(ctx)
+	})
+	return p, nil
+}
+
+func (p *partnerServer) serve(w http.ResponseWriter, r *http.Request) {
+	d, err := p.win.AllowN(r.Context(), partnerKey, 1)
+	at := time.Since(p.start)
+	p.mu.Lock()
+	p.calls = append(p.calls, partnerCall{at: at, ok: err == nil && d.Allowed})
+	p.mu.Unlock()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	if !d.Allowed {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((d.RetryAfter+time.Second-1)/time.Second), 10))
+		w.Header().Set("Retry-After-Ms", strconv.FormatInt(d.RetryAfter.Milliseconds(), 10))
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// partnerClient calls the partner for the handlers.
+type partnerClient struct {
+	url  string
+	http *http.Client
+}
+
+func newPartnerClient(url string, handlers int) *partnerClient {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = handlers
+	return &partnerClient{url: url, http: &http.Client{Transport: t, Timeout: 5 * time.Second}}
+}
+
+// call makes one call: accepted, or answered 429 with the wait it asked
+// for (at least a millisecond).
+func (c *partnerClient) call(ctx context.Context) (accepted bool, retry time.Duration, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
+	if err != nil {
+		return false, 0, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return false, 0, fmt.Errorf("partner: %w", err)
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return true, 0, nil
+	case http.StatusTooManyRequests:
+		ms, _ := strconv.ParseInt(resp.Header.Get("Retry-After-Ms"), 10, 64)
+		if ms <= 0 {
+			s, _ := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64)
+			ms = s * 1000
+		}
+		return false, max(time.Duration(ms)*time.Millisecond, time.Millisecond), nil
+	}
+	return false, 0, fmt.Errorf("partner: %s", resp.Status)
+}
+
+// partnerReport is the run's partner: what it was called and answered,
+// both consumers and every process together.
+type partnerReport struct {
+	Quota        throttle.Rate // at the start
+	Budget       throttle.Rate // -partner (zero: none)
+	Calls        int
+	Accepted     int
+	Rejected429  int
+	MaxInWindow  int   // most admissions on the partner key certainly inside any window of its period (-partner's, else 1 s)
+	AcceptedPerS []int // per whole second from the replay's t=0, to the last call
+	RejectedPerS []int
+}
+
+// report sums the calls; admits are every admission of the run.
+func (p *partnerServer) report(ps partnerSettings, admits []event) partnerReport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := partnerReport{Quota: ps.Quota, Budget: ps.Budget, Calls: len(p.calls), AcceptedPerS: []int{}, RejectedPerS: []int{}}
+	for _, c := range p.calls {
+		s := int(c.at / time.Second)
+		for len(r.AcceptedPerS) <= s {
+			r.AcceptedPerS = append(r.AcceptedPerS, 0)
+			r.RejectedPerS = append(r.RejectedPerS, 0)
+		}
+		if c.ok {
+			r.Accepted++
+			r.AcceptedPerS[s]++
+		} else {
+			r.Rejected429++
+			r.RejectedPerS[s]++
+		}
+	}
+	per := time.Second
+	if ps.Budget.Count > 0 {
+		per = ps.Budget.Per
+	}
+	r.MaxInWindow = maxInWindow(admits, per)
+	return r
+}
+
+// line is the summary's line on the partner.
+func (r partnerReport) line() string {
+	share := 0.0
+	if r.Calls > 0 {
+		share = 100 * float64(r.Rejected429) / float64(r.Calls)
+	}
+	budget := "no -partner limit"
+	if r.Budget.Count > 0 {
+		budget = fmt.Sprintf("-partner %s, max %d admitted in any %v", r.Budget, r.MaxInWindow, r.Budget.Per)
+	}
+	return fmt.Sprintf("partner (quota %s): %s, %d accepted, %d answered 429 (%.1f%%); %s",
+		r.Quota, plural(r.Calls, "call"), r.Accepted, r.Rejected429, share, budget)
+}

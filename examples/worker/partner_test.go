@@ -1,0 +1,80 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+)
+
+// TestRunPartner: every handler calls the simulated partner once per job.
+// Under a -partner limit below its quota, shared by both consumers, the
+// partner answers no 429 and the partner's key never admits over its
+// limit; with no -partner limit, the partner's 429s put the jobs back
+// (Backoff) until it accepts them: every job handled exactly once all the
+// same, 429s counted and not as handler runs.
+func TestRunPartner(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := defaultConfig()
+	cfg.JobsPath = writeJobs(t, 20, "50/1s", 4)
+	cfg.Rate = "50/1s"
+	cfg.RedisURL = "redis://" + srv.Addr() + "/0"
+	cfg.Timeout = 30 * time.Second
+	cfg.Partner, cfg.PartnerQuota = "10/1s", "12/1s"
+	rep, out := mustWork(t, cfg)
+	jobs := map[string]int{"burst": 20, "light": 4}
+	checkConsumer(t, rep, jobs)
+	if rep.Asynq == nil {
+		t.Fatal("no asynq report with -redis")
+	}
+	checkConsumer(t, *rep.Asynq, jobs)
+	p := rep.Partner
+	if p == nil {
+		t.Fatal("no partner report")
+	}
+	if p.Rejected429 != 0 || p.Accepted != 48 || p.Calls != 48 {
+		t.Errorf("partner: %d calls, %d accepted, %d 429s; want 48 calls (both consumers), all accepted", p.Calls, p.Accepted, p.Rejected429)
+	}
+	if p.MaxInWindow > 10 || p.MaxInWindow < 9 {
+		t.Errorf("partner: max %d admitted in 1 s, want the -partner limit 10 (both consumers together)", p.MaxInWindow)
+	}
+	if !strings.Contains(out.String(), "partner (quota 12/1s): 48 calls, 48 accepted, 0 answered 429") {
+		t.Errorf("no partner line in the summary:\n%s", out.String())
+	}
+
+	cfg = defaultConfig()
+	cfg.JobsPath = writeJobs(t, 20, "50/1s", 4)
+	cfg.Rate = "50/1s"
+	cfg.Timeout = 30 * time.Second
+	cfg.PartnerQuota = "8/1s"
+	rep, _ = mustWork(t, cfg)
+	checkConsumer(t, rep, jobs)
+	p = rep.Partner
+	if p == nil || p.Rejected429 == 0 || p.Accepted != 24 || p.Calls != p.Accepted+p.Rejected429 {
+		t.Fatalf("partner without a -partner limit: %+v; want 429s, and 24 accepted (each job once)", p)
+	}
+	sum := 0
+	for _, n := range p.AcceptedPerS {
+		sum += n
+		if n > 8 {
+			t.Errorf("the partner accepted %d in one second, over its quota 8: %v", n, p.AcceptedPerS)
+		}
+	}
+	if sum != p.Accepted {
+		t.Errorf("accepted_per_s sums to %d, want %d", sum, p.Accepted)
+	}
+}
+
+// TestParsePartner: the -partner flags, and their errors naming the flag.
+func TestParsePartner(t *testing.T) {
+	ps, err := parsePartner("20/1s", "25/1s", "10s=10/1s, 20s=30/1s")
+	if err != nil || ps.Budget.Count != 20 || ps.Quota.Count != 25 || len(ps.After) != 2 || ps.After[1].At != 20*time.Second || ps.After[1].Rate.Count != 30 {
+		t.Fatalf("parsePartner: %+v, %v", ps, err)
+	}
+	for _, bad := range [][3]string{{"x", "", ""}, {"", "0/1s", ""}, {"", "", "10s=10/1s"}, {"", "5/1s", "10s"}, {"", "5/1s", "-1s=5/1s"}} {
+		if _, err := parsePartner(bad[0], bad[1], bad[2]); err == nil || !strings.Contains(err.Error(), "-partner") {
+			t.Errorf("parsePartner(%q): %v, want an error naming the flag", bad, err)
+		}
+	}
+}
