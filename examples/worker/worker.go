@@ -797,8 +797,8 @@ func findSource(ctx context.Context, js jetstream.JetStream, cfg config) (natsSo
 type worker struct {
 	rec      events
 	tracer   trace.Tracer
-	proc     int           // worker process, with -instances
-	reserved *reservedIDs  // the rejections of the Gate's limiter that reserved a slot
+	proc     int            // worker process, with -instances
+	reserved *reservedIDs   // the rejections of the Gate's limiter that reserved a slot
 	work     time.Duration  // -work: how long every handler takes
 	partner  *partnerClient // -partner-quota: called once per job
 
