@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sort"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 
@@ -96,6 +97,55 @@ func (l *Redis) Peek(ctx context.Context, key string, n int) (throttle.Decision,
 
 //go:embed reset.lua
 var resetLua string
+
+//go:embed replan.lua
+var replanLua string
+
+var replanScript = redis.NewScript(replanLua)
+
+// DropReservations drops key's reservations whose slots lie ahead, and
+// returns how many units it dropped: when the key's limit has gone down
+// (an adaptive partner limit after a 429), slots planned at the old pace
+// would keep the schedule overbooked. A request that held one is planned
+// again, as a new one, when it comes back. Admissions, and reservations
+// whose slot has come, stay. One script call (replan.lua) for every
+// process. Errors are Redis or context errors (bounded by WithTimeout),
+// wrapped as "window: redis: ...".
+func (l *Redis) DropReservations(ctx context.Context, key string) (int, error) {
+	ctx, cancel := deadline.Bound(ctx, l.timeout)
+	defer cancel()
+	k := l.key(key)
+	now := ""
+	if l.clock != nil {
+		now = strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
+	}
+	n, err := replanScript.Run(ctx, l.client, []string{k, k + hintSuffix}, now).Int()
+	if err != nil {
+		return 0, fmt.Errorf("window: redis: %w", err)
+	}
+	return n, nil
+}
+
+// DropReservations drops key's reservations whose slots lie ahead, as
+// Redis.DropReservations does, and returns how many units it dropped.
+func (m *Memory) DropReservations(_ context.Context, key string) (int, error) {
+	now, _ := instant(m.clock.Now(), m.window)
+	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.logs[key]
+	if l == nil {
+		return 0, nil
+	}
+	dropped := 0
+	for i := len(l.es) - 1; i >= l.head; i-- {
+		if e := l.es[i]; e.reserved && e.at > now {
+			dropped += e.n
+			l.remove(i)
+		}
+	}
+	return dropped, nil
+}
 
 var resetScript = redis.NewScript(resetLua)
 

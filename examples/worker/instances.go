@@ -138,7 +138,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 		return err
 	}
 	spec.Meters = mp
-	if spec.Partner, err = newPartnerLimit(pset, rc, cfg.KeyPrefix, spec.timeout()); err != nil {
+	if spec.Partner, pset.adapt, err = newPartnerLimit(pset, rc, cfg.KeyPrefix, spec.timeout()); err != nil {
 		return err
 	}
 	lim, _, err := newLimiter(ctx, spec, rc, cfg.KeyPrefix, q, &cl)
@@ -174,7 +174,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	}
 	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs(), work: cfg.Work}
 	if cfg.PartnerURL != "" {
-		w.partner = newPartnerClient(cfg.PartnerURL, cfg.Handlers)
+		w.partner = newPartnerClient(cfg.PartnerURL, cfg.Handlers, pset.adapt)
 	}
 	lim.rejected = w.reserved.set
 	stopConsumer, err := consume(src, cfg, jf.weight, gate, inf, w, tp)
@@ -547,6 +547,13 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	if !ok {
 		deliveries = int(ps.deliveries.Load()) // the server did not answer: what the processes saw
 	}
+	partnerFinal := pset.Budget.Count
+	if pset.Budget.Count > 0 {
+		if _, pset.adapt, err = newPartnerLimit(pset, rc, prefix, spec.timeout()); err != nil {
+			return report{}, err
+		}
+		partnerFinal = pset.finalLimit(ctx)
+	}
 	cl.run()
 	printStop(out, stopReason, info)
 	ps.errs.print(out, "error")
@@ -562,7 +569,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	rep.Longest, rep.Timeout = ps.longest, spec.timeout()
 	ps.mu.Unlock()
 	if partner != nil {
-		pr := partner.report(pset, rec.charged())
+		pr := partner.report(pset, partnerFinal, rec.charged())
 		rep.Partner = &pr
 	}
 	rep.print(out)

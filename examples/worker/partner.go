@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/queuethrottle/queuethrottle/adaptive"
 	"github.com/queuethrottle/queuethrottle/throttle"
 	"github.com/queuethrottle/queuethrottle/window"
 )
@@ -25,11 +26,12 @@ const partnerKey = "partner"
 
 // partnerSettings are the -partner flags.
 type partnerSettings struct {
-	Budget throttle.Rate  // -partner: the limit the worker believes in (zero: none)
-	Quota  throttle.Rate  // -partner-quota: what the simulated partner accepts (zero: no partner)
-	After  []quotaChange  // -partner-quota-after: its quota changes
-	URL    string         // the partner server (-partner-url in a worker process)
-	client *partnerClient // set for the run: every handler calls it once per job
+	Budget throttle.Rate   // -partner: the limit the worker believes in (zero: none)
+	Quota  throttle.Rate   // -partner-quota: what the simulated partner accepts (zero: no partner)
+	After  []quotaChange   // -partner-quota-after: its quota changes
+	URL    string          // the partner server (-partner-url in a worker process)
+	client *partnerClient  // set for the run: every handler calls it once per job
+	adapt  *adaptive.Limit // -partner's adaptive limit, with Redis
 }
 
 // quotaChange is the partner's quota from At (from the replay's t=0) on.
@@ -72,20 +74,27 @@ func parsePartner(budget, quota, after string) (partnerSettings, error) {
 	return ps, nil
 }
 
-// on reports whether the handlers call a partner.
-func (ps partnerSettings) on() bool { return ps.Quota.Count > 0 || ps.URL != "" }
-
 // newPartnerLimit returns the limit of -partner on its one key, shared by
-// every consumer and process: a window in Redis under prefix, or in
-// process without Redis; nil without -partner.
-func newPartnerLimit(ps partnerSettings, rc *redis.Client, prefix string, timeout time.Duration) (throttle.Limiter, error) {
+// every consumer and process, nil without -partner: in process without
+// Redis; with it, a window in Redis under prefix whose limit adapts to the
+// partner's 429s (adaptive.Limit, its state beside it, for every process),
+// starting at -partner and never below a hundredth of it.
+func newPartnerLimit(ps partnerSettings, rc *redis.Client, prefix string, timeout time.Duration) (throttle.Limiter, *adaptive.Limit, error) {
 	if ps.Budget.Count == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if rc == nil {
-		return window.NewMemory(ps.Budget)
+		l, err := window.NewMemory(ps.Budget)
+		return l, nil, err
 	}
-	return window.NewRedis(rc, ps.Budget, window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout))
+	var l *window.Redis
+	replan := func(ctx context.Context, key string) { l.DropReservations(ctx, key) }
+	ad, err := adaptive.NewRedis(rc, ps.Budget, max(1, ps.Budget.Count/100), adaptive.WithPrefix(prefix+"adaptive:"), adaptive.WithReplan(replan))
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err = window.NewRedis(rc, ps.Budget, window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout), window.WithQuotas(ad.Quota))
+	return l, ad, err
 }
 
 // partnerServer is -partner-quota: the downstream every handler calls once
@@ -162,16 +171,18 @@ func (p *partnerServer) serve(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// partnerClient calls the partner for the handlers.
+// partnerClient calls the partner for the handlers, and tells the
+// adaptive limit (if any) what it answered.
 type partnerClient struct {
-	url  string
-	http *http.Client
+	url   string
+	http  *http.Client
+	adapt *adaptive.Limit
 }
 
-func newPartnerClient(url string, handlers int) *partnerClient {
+func newPartnerClient(url string, handlers int, adapt *adaptive.Limit) *partnerClient {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = handlers
-	return &partnerClient{url: url, http: &http.Client{Transport: t, Timeout: 5 * time.Second}}
+	return &partnerClient{url: url, http: &http.Client{Transport: t, Timeout: 5 * time.Second}, adapt: adapt}
 }
 
 // call makes one call: accepted, or answered 429 with the wait it asked
@@ -189,8 +200,18 @@ func (c *partnerClient) call(ctx context.Context) (accepted bool, retry time.Dur
 	io.Copy(io.Discard, resp.Body)
 	switch resp.StatusCode {
 	case http.StatusOK:
+		if c.adapt != nil {
+			if err := c.adapt.Accepted(ctx, partnerKey); err != nil {
+				return true, 0, err
+			}
+		}
 		return true, 0, nil
 	case http.StatusTooManyRequests:
+		if c.adapt != nil {
+			if _, err := c.adapt.Rejected(ctx, partnerKey); err != nil {
+				return false, time.Second, err
+			}
+		}
 		ms, _ := strconv.ParseInt(resp.Header.Get("Retry-After-Ms"), 10, 64)
 		if ms <= 0 {
 			s, _ := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64)
@@ -206,6 +227,7 @@ func (c *partnerClient) call(ctx context.Context) (accepted bool, retry time.Dur
 type partnerReport struct {
 	Quota        throttle.Rate // at the start
 	Budget       throttle.Rate // -partner (zero: none)
+	Final        int           // -partner's limit at the end: adapted, with Redis
 	Calls        int
 	Accepted     int
 	Rejected429  int
@@ -214,11 +236,23 @@ type partnerReport struct {
 	RejectedPerS []int
 }
 
-// report sums the calls; admits are every admission of the run.
-func (p *partnerServer) report(ps partnerSettings, admits []event) partnerReport {
+// finalLimit returns -partner's limit now: adapted, with Redis (read
+// before the run closes its Redis client).
+func (ps partnerSettings) finalLimit(ctx context.Context) int {
+	if ps.adapt == nil {
+		return ps.Budget.Count
+	}
+	n, _ := ps.adapt.Read(ctx, partnerKey)
+	return n
+}
+
+// report sums the calls; admits are every admission of the run, final
+// -partner's limit at its end.
+func (p *partnerServer) report(ps partnerSettings, final int, admits []event) partnerReport {
+	r := partnerReport{Quota: ps.Quota, Budget: ps.Budget, Final: final, AcceptedPerS: []int{}, RejectedPerS: []int{}}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r := partnerReport{Quota: ps.Quota, Budget: ps.Budget, Calls: len(p.calls), AcceptedPerS: []int{}, RejectedPerS: []int{}}
+	r.Calls = len(p.calls)
 	for _, c := range p.calls {
 		s := int(c.at / time.Second)
 		for len(r.AcceptedPerS) <= s {
@@ -249,7 +283,7 @@ func (r partnerReport) line() string {
 	}
 	budget := "no -partner limit"
 	if r.Budget.Count > 0 {
-		budget = fmt.Sprintf("-partner %s, max %d admitted in any %v", r.Budget, r.MaxInWindow, r.Budget.Per)
+		budget = fmt.Sprintf("-partner %s (at the end %d/%v), max %d admitted in any %v", r.Budget, r.Final, r.Budget.Per, r.MaxInWindow, r.Budget.Per)
 	}
 	return fmt.Sprintf("partner (quota %s): %s, %d accepted, %d answered 429 (%.1f%%); %s",
 		r.Quota, plural(r.Calls, "call"), r.Accepted, r.Rejected429, share, budget)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
 // The JSON report of -report FILE: what the summary says, in numbers.
@@ -99,7 +101,7 @@ func writeReport(path string, rep report, elapsed time.Duration) error {
 		out.Partner = &jsonPartner{Quota: p.Quota.String(), Calls: p.Calls, Accepted: p.Accepted, Rejected429: p.Rejected429,
 			MaxInWindow: p.MaxInWindow, AcceptedPerS: p.AcceptedPerS, RejectedPerS: p.RejectedPerS}
 		if p.Budget.Count > 0 {
-			out.Partner.LimitFinal = p.Budget.String()
+			out.Partner.LimitFinal = throttle.Rate{Count: p.Final, Per: p.Budget.Per}.String()
 		}
 	}
 	b, err := json.MarshalIndent(out, "", "  ")

@@ -179,7 +179,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "queuethrottle:example:" + runID + ":"
 	q.hashKey = prefix + "quotas"
-	if spec.Partner, err = newPartnerLimit(ps, rc, prefix, spec.timeout()); err != nil {
+	if spec.Partner, ps.adapt, err = newPartnerLimit(ps, rc, prefix, spec.timeout()); err != nil {
 		return report{}, err
 	}
 	lim, limName, err := newLimiter(ctx, spec, rc, prefix, q, &cl)
@@ -208,7 +208,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		if partner, err = startPartner(ps, start, &cl); err != nil {
 			return report{}, err
 		}
-		ps.client = newPartnerClient(partner.url, cfg.Handlers)
+		ps.client = newPartnerClient(partner.url, cfg.Handlers, ps.adapt)
 	}
 
 	// With -redis, an asynq server on the same Redis gets the same jobs,
@@ -299,6 +299,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if !ok {
 		deliveries = int(w.delivered.Load()) // the server did not answer: what this process saw
 	}
+	partnerFinal := ps.finalLimit(ctx)
 	cl.run()
 	printStop(out, stopReason, info)
 	w.handlerErrs.print(out, "handler error")
@@ -333,7 +334,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 		if as != nil {
 			admits = append(admits, as.rec.charged()...)
 		}
-		pr := partner.report(ps, admits)
+		pr := partner.report(ps, partnerFinal, admits)
 		rep.Partner = &pr
 	}
 	rep.print(out)

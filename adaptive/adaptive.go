@@ -1,0 +1,277 @@
+// Package adaptive is a partner's limit that adapts to the partner's 429s
+// and is shared by every process through Redis: one limit, one decrease
+// per congestion event, however many workers call the partner.
+//
+// A Limit is a throttle.QuotaFunc (Quota): give it to the limiter on the
+// partner's key (window.WithQuotas, bucket.WithQuotas), and tell it what
+// the partner answered: Accepted for a call it accepted, Rejected for a
+// 429. Each key starts at the ceiling. The first 429 of a congestion event
+// (none within one Per of the last decrease) sets the limit to an
+// estimate of the partner's quota: the calls it accepted in the last Per,
+// every process's, since a partner that counts in windows accepted exactly
+// its quota in the window where its 429s began; less a margin (5 %), never
+// below the floor, never above the limit then in force. After a hold of
+// two windows without a decrease, the limit grows by 2 % of the estimate
+// per Per, up to the ceiling, so that a partner whose quota grows is found
+// again; each overshoot costs the few calls of one window. A saw-tooth
+// that halves (throttle.AIMD) averages about 0.75 of the quota; this one
+// stays within the margin of it.
+//
+// The state is a hash in Redis beside the accepted calls (a sorted set),
+// prefix + "{" + escaped key + "}" + ":state" and ":ok", in one Redis
+// Cluster slot, on Redis's TIME. Each process reads it at most every
+// WithRefresh (100 ms) and computes the growth in between. If the state
+// is lost (FLUSHALL, a restart without data), a process that knew it
+// writes back its last state: the limit restarts from the last estimate,
+// never from the ceiling.
+package adaptive
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+var (
+	//go:embed accepted.lua
+	acceptedLua    string
+	acceptedScript = redis.NewScript(acceptedLua)
+	//go:embed rejected.lua
+	rejectedLua    string
+	rejectedScript = redis.NewScript(rejectedLua)
+	//go:embed state.lua
+	stateLua    string
+	stateScript = redis.NewScript(stateLua)
+)
+
+const (
+	// DefaultRefresh is how often a process reads a key's state.
+	DefaultRefresh = 100 * time.Millisecond
+	marginPerMille = 50              // taken off the estimate
+	holdWindows    = 2               // windows without a decrease before the limit grows
+	growPerWindow  = 0.02            // of the estimate, per window, once it grows
+	stateKeep      = time.Hour       // the state's life without a 429
+	callTimeout    = 2 * time.Second // each Redis call, unless ctx ends first
+)
+
+// Limit is an adaptive limit per key (see the package documentation). It
+// is safe for concurrent use.
+type Limit struct {
+	client  redis.Scripter
+	prefix  string
+	ceiling throttle.Rate
+	floor   int
+	refresh time.Duration
+	replan  func(ctx context.Context, key string) // after a decrease this process made
+	member  string                                // this process's, for the accepted calls' members
+	seq     atomic.Uint64
+
+	mu   sync.Mutex
+	keys map[string]*keyState
+}
+
+// keyState is what this process knows of a key's state.
+type keyState struct {
+	limit     int   // -1: none yet (the ceiling)
+	estimate  int   // the partner's quota, as last estimated
+	decreased int64 // µs, Redis's clock: the last decrease
+	redisNow  int64 // µs, Redis's clock, when fetched
+	fetched   time.Time
+	fetching  bool
+	known     bool // the state existed: a loss restarts from it
+}
+
+// Option configures a Limit.
+type Option func(*Limit)
+
+// WithPrefix sets the prefix of the Redis keys (default
+// "throttle:adaptive:").
+func WithPrefix(p string) Option { return func(l *Limit) { l.prefix = p } }
+
+// WithRefresh sets how often a process reads a key's state (default
+// DefaultRefresh): another process's decrease reaches it within that.
+func WithRefresh(d time.Duration) Option { return func(l *Limit) { l.refresh = d } }
+
+// WithReplan sets what a process runs after it decreased key's limit:
+// drop the reservations planned at the old pace (window.Redis's
+// DropReservations), so that the requests holding them are planned again
+// at the new one when they come back. Without it they keep their slots,
+// and are re-planned one by one as they find their windows full.
+func WithReplan(f func(ctx context.Context, key string)) Option {
+	return func(l *Limit) { l.replan = f }
+}
+
+// NewRedis returns a Limit whose keys start at ceiling (Count per Per)
+// and never go below floor (1 <= floor <= ceiling.Count). Errors wrap
+// throttle.ErrInvalidOption and name the field.
+func NewRedis(client redis.Scripter, ceiling throttle.Rate, floor int, opts ...Option) (*Limit, error) {
+	if client == nil {
+		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
+	}
+	if err := ceiling.Validate(); err != nil {
+		return nil, err
+	}
+	if floor < 1 || floor > ceiling.Count {
+		return nil, &throttle.OptionError{Field: "floor", Reason: fmt.Sprintf("must be in [1, %d], got %d", ceiling.Count, floor)}
+	}
+	l := &Limit{client: client, prefix: "throttle:adaptive:", ceiling: ceiling, floor: floor, refresh: DefaultRefresh, keys: map[string]*keyState{}}
+	for _, o := range opts {
+		o(l)
+	}
+	if l.refresh <= 0 {
+		return nil, &throttle.OptionError{Field: "WithRefresh", Reason: fmt.Sprintf("must be > 0, got %v", l.refresh)}
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	l.member = hex.EncodeToString(b[:]) + ":"
+	return l, nil
+}
+
+// Quota returns key's limit now, as a throttle.QuotaFunc: the state read
+// at most WithRefresh ago, with the growth since. A read that is due runs
+// on a goroutine of its own, so Quota never waits for Redis.
+func (l *Limit) Quota(key string) throttle.Quota {
+	now := time.Now()
+	l.mu.Lock()
+	k := l.state(key)
+	if now.Sub(k.fetched) >= l.refresh && !k.fetching {
+		k.fetching = true
+		go l.fetch(key)
+	}
+	c := l.current(k, now)
+	l.mu.Unlock()
+	return throttle.Quota{Rate: throttle.Rate{Count: c, Per: l.ceiling.Per}}
+}
+
+// Limit returns key's Count per the ceiling's Per now (see Quota).
+func (l *Limit) Limit(key string) int { return l.Quota(key).Rate.Count }
+
+// Accepted records a call for key that the partner accepted. Errors are
+// Redis's or ctx's, wrapped as "adaptive: redis: ...".
+func (l *Limit) Accepted(ctx context.Context, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	member := l.member + strconv.FormatUint(l.seq.Add(1), 36)
+	if err := acceptedScript.Run(ctx, l.client, []string{l.key(key, ":ok")}, l.perUS(), member).Err(); err != nil {
+		return fmt.Errorf("adaptive: redis: %w", err)
+	}
+	return nil
+}
+
+// Rejected records a 429 for key and returns the limit then: the first
+// of a congestion event decreases it, for every process (see the package
+// documentation). Errors are Redis's or ctx's, wrapped as "adaptive:
+// redis: ..."; the limit is then unchanged.
+func (l *Limit) Rejected(ctx context.Context, key string) (int, error) {
+	seen := l.Limit(key)
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	keys := []string{l.key(key, ":state"), l.key(key, ":ok")}
+	v, err := rejectedScript.Run(ctx, l.client, keys, l.perUS(), l.floor, seen, marginPerMille, stateKeep.Milliseconds()).Int64Slice()
+	if err != nil {
+		return seen, fmt.Errorf("adaptive: redis: %w", err)
+	}
+	if len(v) != 5 {
+		return seen, fmt.Errorf("adaptive: redis: unexpected reply %v", v)
+	}
+	l.mu.Lock()
+	k := l.state(key)
+	l.set(k, v[0], v[1], v[2], v[3])
+	limit := l.current(k, time.Now())
+	l.mu.Unlock()
+	if v[4] == 1 && l.replan != nil {
+		l.replan(ctx, key)
+	}
+	return limit, nil
+}
+
+// Read reads key's state from Redis now and returns its limit. Errors
+// are Redis's or ctx's, wrapped as "adaptive: redis: ...".
+func (l *Limit) Read(ctx context.Context, key string) (int, error) {
+	if err := l.read(ctx, key); err != nil {
+		return l.Limit(key), err
+	}
+	return l.Limit(key), nil
+}
+
+// fetch is Quota's read, on a goroutine of its own.
+func (l *Limit) fetch(key string) {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	_ = l.read(ctx, key)
+}
+
+// read reads key's state, writing back what this process knew when the
+// state is gone.
+func (l *Limit) read(ctx context.Context, key string) error {
+	l.mu.Lock()
+	k := l.state(key)
+	args := []any{"", "", "", stateKeep.Milliseconds()}
+	if k.known && k.limit >= 0 {
+		args = []any{k.limit, k.estimate, k.decreased, stateKeep.Milliseconds()}
+	}
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	v, err := stateScript.Run(ctx, l.client, []string{l.key(key, ":state")}, args...).Int64Slice()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k.fetching = false
+	if err == nil && len(v) != 4 {
+		err = fmt.Errorf("unexpected reply %v", v)
+	}
+	if err != nil {
+		k.fetched = time.Now() // try again after a refresh
+		return fmt.Errorf("adaptive: redis: %w", err)
+	}
+	l.set(k, v[0], v[1], v[2], v[3])
+	return nil
+}
+
+// state returns key's state, under l.mu.
+func (l *Limit) state(key string) *keyState {
+	k := l.keys[key]
+	if k == nil {
+		k = &keyState{limit: -1}
+		l.keys[key] = k
+	}
+	return k
+}
+
+// set records a state read from Redis, under l.mu.
+func (l *Limit) set(k *keyState, limit, estimate, decreased, now int64) {
+	k.limit, k.estimate, k.decreased, k.redisNow, k.fetched = int(limit), int(estimate), decreased, now, time.Now()
+	k.known = k.known || limit >= 0
+}
+
+// current is k's limit at t, under l.mu: the last decrease's, grown by
+// growPerWindow of the estimate per window after holdWindows.
+func (l *Limit) current(k *keyState, t time.Time) int {
+	if k.limit < 0 {
+		return l.ceiling.Count
+	}
+	per := l.ceiling.Per.Microseconds()
+	since := k.redisNow + t.Sub(k.fetched).Microseconds() - k.decreased - holdWindows*per
+	c := float64(k.limit)
+	if since > 0 {
+		c += growPerWindow * float64(max(k.estimate, l.floor)) * float64(since) / float64(per)
+	}
+	return max(l.floor, min(l.ceiling.Count, int(c)))
+}
+
+func (l *Limit) perUS() int64 { return l.ceiling.Per.Microseconds() }
+
+func (l *Limit) key(key, suffix string) string { return rediskey.Key(l.prefix, key) + suffix }

@@ -1,0 +1,124 @@
+package adaptive_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/adaptive"
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// accept records n accepted calls of key.
+func accept(t *testing.T, l *adaptive.Limit, key string, n int) {
+	t.Helper()
+	for range n {
+		if err := l.Accepted(context.Background(), key); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOneDecreasePerEvent: two processes share one limit. The first 429
+// sets it to the calls the partner accepted in the last window less 5 %,
+// for both; a second 429 of the same event (within a window) changes
+// nothing, and the one after a window decreases again, never below the
+// floor; replan runs once per decrease, in the process that made it.
+func TestOneDecreasePerEvent(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	prefix := redistest.Prefix("adaptive")
+	ceiling := throttle.Rate{Count: 100, Per: 300 * time.Millisecond}
+	replans := 0
+	a, err := adaptive.NewRedis(client, ceiling, 5, adaptive.WithPrefix(prefix), adaptive.WithRefresh(10*time.Millisecond),
+		adaptive.WithReplan(func(context.Context, string) { replans++ }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := adaptive.NewRedis(client, ceiling, 5, adaptive.WithPrefix(prefix), adaptive.WithRefresh(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Limit("p"); got != 100 {
+		t.Fatalf("a new key's limit %d, want the ceiling 100", got)
+	}
+	accept(t, a, "p", 12)
+	accept(t, b, "p", 8)
+	got, err := a.Rejected(ctx, "p")
+	if err != nil || got != 19 {
+		t.Fatalf("first 429: limit %d, %v; want 19 (20 accepted in the window, less 5 %%)", got, err)
+	}
+	if got, err := b.Rejected(ctx, "p"); err != nil || got != 19 {
+		t.Fatalf("second 429 of the event, other process: limit %d, %v; want 19 (no second decrease)", got, err)
+	}
+	if got, err := b.Read(ctx, "p"); err != nil || got != 19 {
+		t.Fatalf("other process reads %d, %v; want 19", got, err)
+	}
+	time.Sleep(350 * time.Millisecond) // the accepted calls leave the window
+	if got, err := a.Rejected(ctx, "p"); err != nil || got != 5 {
+		t.Fatalf("429 of a new event with nothing accepted: limit %d, %v; want the floor 5", got, err)
+	}
+	if replans != 2 {
+		t.Errorf("replan ran %d times, want 2 (one per decrease)", replans)
+	}
+}
+
+// TestGrowsBackAndSurvivesLoss: after two windows without a decrease the
+// limit grows by 2 % of the estimate per window, up to the ceiling; when
+// the state is lost (FLUSHALL), a process that knew it writes it back:
+// the limit resumes from the estimate, not the ceiling.
+func TestGrowsBackAndSurvivesLoss(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ceiling := throttle.Rate{Count: 200, Per: 100 * time.Millisecond}
+	l, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithRefresh(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept(t, l, "p", 100)
+	first, err := l.Rejected(ctx, "p")
+	if err != nil || first != 95 {
+		t.Fatalf("first 429: %d, %v; want 95", first, err)
+	}
+	time.Sleep(150 * time.Millisecond) // within the hold
+	if got := l.Limit("p"); got != first {
+		t.Fatalf("within the hold: %d, want %d", got, first)
+	}
+	time.Sleep(600 * time.Millisecond) // about 5 windows past the hold: +2 per window
+	grown := l.Limit("p")
+	if grown < first+6 || grown > first+14 {
+		t.Fatalf("after ~5 windows of growth: %d, want about %d", grown, first+10)
+	}
+	srv.FlushAll(t)
+	if got, err := l.Read(ctx, "p"); err != nil || got > grown+2 || got < first {
+		t.Fatalf("after FLUSHALL: %d, %v; want the last state back (about %d), never the ceiling", got, err, grown)
+	}
+	other, err := adaptive.NewRedis(client, ceiling, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := other.Read(ctx, "p"); err != nil || got >= ceiling.Count {
+		t.Fatalf("another process after the write-back: %d, %v; want the restored limit", got, err)
+	}
+}
+
+// TestNewRedisErrors: bad settings are refused, naming the field.
+func TestNewRedisErrors(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := throttle.Rate{Count: 10, Per: time.Second}
+	for name, f := range map[string]func() error{
+		"client":      func() error { _, err := adaptive.NewRedis(nil, r, 1); return err },
+		"floor":       func() error { _, err := adaptive.NewRedis(client, r, 11); return err },
+		"Rate.Count":  func() error { _, err := adaptive.NewRedis(client, throttle.Rate{Per: time.Second}, 1); return err },
+		"WithRefresh": func() error { _, err := adaptive.NewRedis(client, r, 1, adaptive.WithRefresh(0)); return err },
+	} {
+		err := f()
+		var oe *throttle.OptionError
+		if !errors.As(err, &oe) || !errors.Is(err, throttle.ErrInvalidOption) {
+			t.Errorf("%s: %v, want an OptionError", name, err)
+		}
+	}
+}

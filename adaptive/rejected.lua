@@ -1,0 +1,32 @@
+-- rejected.lua: a 429 from the partner. The first of a congestion event
+-- (none within a window of the last decrease) sets the key's limit to the
+-- estimate of the partner's quota: the calls it accepted in the last
+-- window (it accepted exactly its quota in the window where 429s began),
+-- less the margin, at least the floor and never above the limit the
+-- caller saw. Later 429s of the same event change nothing: one decrease
+-- per event, for every process.
+-- KEYS[1]  the key's state: a hash {limit, estimate, decreased} (decreased
+--          in µs, Redis TIME).
+-- KEYS[2]  the key's accepted calls (accepted.lua).
+-- ARGV[1]  per: the window, µs.
+-- ARGV[2]  floor: the least limit.
+-- ARGV[3]  seen: the limit the caller decided with.
+-- ARGV[4]  margin: per mille taken off the estimate.
+-- ARGV[5]  keep: how long the state lives without a 429, ms.
+-- Returns {limit, estimate, decreased, now, changed (0|1)}.
+local t = redis.call("TIME")
+local now = t[1] * 1000000 + t[2]
+local per = tonumber(ARGV[1])
+local floor = tonumber(ARGV[2])
+local seen = tonumber(ARGV[3])
+local s = redis.call("HMGET", KEYS[1], "limit", "estimate", "decreased")
+local decreased = tonumber(s[3]) or 0
+if s[1] and now - decreased < per then
+	return {tonumber(s[1]), tonumber(s[2]) or 0, decreased, now, 0}
+end
+local estimate = redis.call("ZCOUNT", KEYS[2], "(" .. string.format("%d", now - per), "+inf")
+local limit = math.floor(estimate * (1000 - tonumber(ARGV[4])) / 1000)
+limit = math.max(floor, math.min(limit, seen))
+redis.call("HSET", KEYS[1], "limit", limit, "estimate", estimate, "decreased", now)
+redis.call("PEXPIRE", KEYS[1], ARGV[5])
+return {limit, estimate, now, now, 1}
