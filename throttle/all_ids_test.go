@@ -13,6 +13,16 @@ import (
 	"github.com/queuethrottle/queuethrottle/throttle/throttletest"
 )
 
+// stacked is All of a tenant's limit and a partner's keyed "global".
+func stacked(t *testing.T, tenant, partner throttle.Limiter) throttle.Limiter {
+	t.Helper()
+	lim, err := throttle.All(throttle.Part{Limiter: tenant}, throttle.Part{Limiter: partner, Key: global})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
+}
+
 // slotStep is one AllowID of a stacked limit at T0+at.
 type slotStep struct {
 	at       time.Duration
@@ -51,13 +61,7 @@ func TestAllReservesOneSlot(t *testing.T) {
 		t.Run(fam.name, func(t *testing.T) {
 			clock := throttletest.NewClock(throttletest.T0)
 			partner := fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock)
-			lim, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
-				throttle.Part{Limiter: partner, Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim := stacked(t, fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock), partner)
 			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
 				{key: "a", id: "m1", allowed: true},
 				{key: "a", id: "m2", reserved: true, retry: time.Second},
@@ -87,13 +91,7 @@ func TestAllSlotTakenMovesParts(t *testing.T) {
 	for _, fam := range allFamilies(t) {
 		t.Run(fam.name, func(t *testing.T) {
 			clock := throttletest.NewClock(throttletest.T0)
-			lim, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock), Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim := stacked(t, fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock), fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock))
 			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
 				{key: "a", id: "m1", allowed: true},
 				{key: "b", id: "m2", reserved: true, retry: time.Second},     // the partner's slot; b moves to it
@@ -116,13 +114,7 @@ func TestAllNeverGivesBackAnEarlierAdmission(t *testing.T) {
 		t.Run(fam.name, func(t *testing.T) {
 			clock := throttletest.NewClock(throttletest.T0)
 			partner := fam.window(t, throttle.Rate{Count: 3, Per: 10 * time.Second}, clock)
-			lim, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
-				throttle.Part{Limiter: partner, Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim := stacked(t, fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock), partner)
 			runSlotSteps(t, lim, clock, 500*time.Millisecond, []slotStep{
 				{key: "a", id: "m", allowed: true},
 				{at: 1500 * time.Millisecond, key: "a", id: "x", allowed: true},
@@ -147,13 +139,7 @@ func TestAllBeyondHorizonHoldsNothing(t *testing.T) {
 		t.Run(fam.name, func(t *testing.T) {
 			clock := throttletest.NewClock(throttletest.T0)
 			partner := fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock)
-			lim, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: 10 * time.Second}, clock)},
-				throttle.Part{Limiter: partner, Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim := stacked(t, fam.window(t, throttle.Rate{Count: 1, Per: 10 * time.Second}, clock), partner)
 			runSlotSteps(t, lim, clock, time.Second, []slotStep{
 				{key: "a", id: "m1", allowed: true},
 				{key: "a", id: "m2", retry: 10 * time.Second},
@@ -172,13 +158,7 @@ func TestAllBucketPartOpen(t *testing.T) {
 		t.Run(fam.name, func(t *testing.T) {
 			clock := throttletest.NewClock(throttletest.T0)
 			partner := fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock)
-			lim, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock)},
-				throttle.Part{Limiter: partner, Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim := stacked(t, fam.window(t, throttle.Rate{Count: 1, Per: time.Second}, clock), partner)
 			runSlotSteps(t, lim, clock, time.Minute, []slotStep{
 				{key: "a", id: "m1", allowed: true},
 				{key: "a", id: "m2", reserved: true, retry: time.Second}, // open at the bucket
@@ -192,13 +172,7 @@ func TestAllBucketPartOpen(t *testing.T) {
 			peekRemaining(t, "after m2 at its slot", partner, "global", 9)
 
 			clock.Set(throttletest.T0)
-			tight, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock)},
-				throttle.Part{Limiter: fam.bucket(t, throttle.Rate{Count: 1, Per: time.Second}, 1, clock), Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tight := stacked(t, fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock), fam.bucket(t, throttle.Rate{Count: 1, Per: time.Second}, 1, clock))
 			runSlotSteps(t, tight, clock, time.Minute, []slotStep{
 				{key: "a", id: "m1", allowed: true},
 				{key: "b", id: "m2", reserved: true, retry: time.Second},
@@ -279,13 +253,7 @@ func TestAllReservationsConcurrent(t *testing.T) {
 	per := 200 * time.Millisecond
 	for _, fam := range allFamilies(t) {
 		t.Run(fam.name, func(t *testing.T) {
-			lim, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 5, Per: per}, nil)},
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 8, Per: per}, nil), Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim := stacked(t, fam.window(t, throttle.Rate{Count: 5, Per: per}, nil), fam.window(t, throttle.Rate{Count: 8, Per: per}, nil))
 			ids := lim.(throttle.IDLimiter)
 			const goroutines, each = 8, 8
 			var mu sync.Mutex
@@ -359,13 +327,7 @@ func TestAllPause(t *testing.T) {
 	for _, fam := range allFamilies(t) {
 		t.Run(fam.name, func(t *testing.T) {
 			clock := throttletest.NewClock(throttletest.T0)
-			lim, err := throttle.All(
-				throttle.Part{Limiter: fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock)},
-				throttle.Part{Limiter: fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock), Key: global},
-			)
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim := stacked(t, fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock), fam.bucket(t, throttle.Rate{Count: 10, Per: time.Second}, 10, clock))
 			if err := lim.(throttle.Pauser).Pause(context.Background(), "a", 2*time.Second); err != nil {
 				t.Fatal(err)
 			}

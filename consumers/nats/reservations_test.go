@@ -62,15 +62,7 @@ func TestReservationsNakOnce(t *testing.T) {
 	waitFor(t, 10*time.Second, "30 handled messages", func() bool { return rec.len() >= total })
 	time.Sleep(200 * time.Millisecond) // room for a duplicate to show up
 
-	seen := map[uint64]int{}
-	for _, rc := range rec.records() {
-		seen[rc.seq]++
-	}
-	for seq := uint64(1); seq <= total; seq++ {
-		if seen[seq] != 1 {
-			t.Errorf("stream sequence %d handled %d times, want 1", seq, seen[seq])
-		}
-	}
+	handledOnce(t, rec, total)
 	naks.mu.Lock()
 	defer naks.mu.Unlock()
 	for seq, n := range naks.naks {
@@ -169,15 +161,7 @@ func TestConsumePaced(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("ConsumePaced: %v", err)
 	}
-	seen := map[uint64]int{}
-	for _, rc := range rec.records() {
-		seen[rc.seq]++
-	}
-	for seq := uint64(1); seq <= total; seq++ {
-		if seen[seq] != 1 {
-			t.Errorf("stream sequence %d handled %d times, want 1", seq, seen[seq])
-		}
-	}
+	handledOnce(t, rec, total)
 	if n := naks.all.Load(); n != 0 {
 		t.Errorf("%d NAKs, want 0 (a paced pull fetches only what fits)", n)
 	}
@@ -359,6 +343,21 @@ func TestWaitRestartsAckWait(t *testing.T) {
 	}
 }
 
+// handledOnce checks that stream sequences 1 to total were each handled
+// exactly once.
+func handledOnce(t *testing.T, rec *recorder, total int) {
+	t.Helper()
+	seen := map[uint64]int{}
+	for _, rc := range rec.records() {
+		seen[rc.seq]++
+	}
+	for seq := uint64(1); seq <= uint64(total); seq++ {
+		if seen[seq] != 1 {
+			t.Errorf("stream sequence %d handled %d times, want 1", seq, seen[seq])
+		}
+	}
+}
+
 // admissionTimes wraps an IDLimiter and records when it admits anew (not
 // an id admitted before), by key.
 type admissionTimes struct {
@@ -425,15 +424,7 @@ func TestReservationsStackedNakOnce(t *testing.T) {
 	waitFor(t, 15*time.Second, "40 handled messages", func() bool { return rec.len() >= total })
 	time.Sleep(200 * time.Millisecond) // room for a duplicate to show up
 
-	seen := map[uint64]int{}
-	for _, rc := range rec.records() {
-		seen[rc.seq]++
-	}
-	for seq := uint64(1); seq <= total; seq++ {
-		if seen[seq] != 1 {
-			t.Errorf("stream sequence %d handled %d times, want 1", seq, seen[seq])
-		}
-	}
+	handledOnce(t, rec, total)
 	mustWait := total - partnerLimit
 	naks.mu.Lock()
 	for seq, n := range naks.naks {
