@@ -89,7 +89,8 @@ type Part struct {
 // docs/stacked-and-in-flight.md. It is safe for concurrent use.
 //
 // Errors from All wrap ErrInvalidOption and name the part: no parts, a nil
-// Limiter, or a second part that cannot give back.
+// Limiter, a second part that cannot give back, or one limiter twice with
+// the request's key (nil Key) both times.
 func All(parts ...Part) (Limiter, error) {
 	if len(parts) == 0 {
 		return nil, &OptionError{Field: "parts", Reason: "All needs at least one part"}
@@ -102,6 +103,12 @@ func All(parts ...Part) (Limiter, error) {
 	for i, p := range parts {
 		if p.Limiter == nil {
 			return nil, &OptionError{Field: fmt.Sprintf("parts[%d].Limiter", i), Reason: "must not be nil"}
+		}
+		for j := range i {
+			if p.Key == nil && parts[j].Key == nil && sameLimiter(p.Limiter, parts[j].Limiter) {
+				return nil, &OptionError{Field: fmt.Sprintf("parts[%d]", i), Reason: fmt.Sprintf(
+					"is parts[%d] again (the same %T, the same key): a request would be charged once, not twice", j, p.Limiter)}
+			}
 		}
 		ap := allPart{index: i, limiter: p.Limiter, key: p.Key}
 		ap.refunder, _ = p.Limiter.(Refunder)
@@ -151,6 +158,13 @@ func All(parts ...Part) (Limiter, error) {
 		return allIDs{a}, nil
 	}
 	return a, nil
+}
+
+// sameLimiter reports whether a and b are one limiter (never true for
+// limiters whose values cannot be compared, such as a LimiterFunc).
+func sameLimiter(a, b Limiter) (same bool) {
+	defer func() { _ = recover() }() // an uncomparable dynamic type
+	return a == b
 }
 
 // peeker is a limiter that can say what AllowN would, charging nothing

@@ -344,3 +344,18 @@ func TestAllPause(t *testing.T) {
 		})
 	}
 }
+
+// TestAllSameLimiterTwice: one limiter twice, asked with the request's key
+// both times, is refused (a request would be charged once); with a key of
+// its own it is another limit.
+func TestAllSameLimiterTwice(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	w := memoryWindow(t, throttle.Rate{Count: 5, Per: time.Second}, clock)
+	_, err := throttle.All(throttle.Part{Limiter: w}, throttle.Part{Limiter: w})
+	if !errors.Is(err, throttle.ErrInvalidOption) || !strings.Contains(err.Error(), "parts[1]") {
+		t.Fatalf("All(w, w): %v; want an error naming parts[1]", err)
+	}
+	if _, err := throttle.All(throttle.Part{Limiter: w}, throttle.Part{Limiter: w, Key: global}); err != nil {
+		t.Fatalf("All(w, w keyed global): %v", err)
+	}
+}
