@@ -92,6 +92,17 @@
 // renewed while its handler runs and released when it is done; a message
 // refused a slot is never charged by the rate.
 //
+// # Core NATS
+//
+// Core wraps a nats.MsgHandler (plain subscriptions, queue groups,
+// request-reply) with the same Gate, keys, costs and limits. Core NATS
+// has no NAK and no redelivery: a refused message waits in process for its
+// slot, bounded by WithCoreMaxWait and WithCoreMaxWaiting per key, and is
+// otherwise given up, never silently: a request gets an error reply at once
+// (Nats-Service-Error-Code 429, Nats-Service-Error, Retry-After), and
+// every give-up goes to the error handler, the logger and a counter. The
+// Core reports the messages NATS drops from a slow subscription.
+//
 // # Configuration errors
 //
 // New returns errors wrapping throttle.ErrInvalidOption. NewHandler,

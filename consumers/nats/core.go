@@ -1,0 +1,369 @@
+package natsthrottle
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// Core NATS has no NAK and no redelivery: a message the limit refuses now
+// waits in process for its slot, or is given up, and a give-up is always
+// reported. These are the bounds of the wait.
+const (
+	// DefaultCoreMaxWait is how long a message may wait in process from
+	// its arrival (WithCoreMaxWait).
+	DefaultCoreMaxWait = 10 * time.Second
+	// DefaultCoreMaxWaiting is how many messages of one key may wait at
+	// once (WithCoreMaxWaiting).
+	DefaultCoreMaxWaiting = 1000
+)
+
+// Headers of the reply to a request the Core gave up, after the NATS
+// services convention (micro.ErrorCodeHeader, micro.ErrorHeader), and the
+// wait the limit asked for.
+const (
+	HeaderServiceErrorCode = "Nats-Service-Error-Code" // "429"
+	HeaderServiceError     = "Nats-Service-Error"      // what GiveUpError says
+	HeaderRetryAfter       = "Retry-After"             // whole seconds, rounded up
+	HeaderRetryAfterMs     = "Retry-After-Ms"          // milliseconds
+)
+
+// DispositionGivenUp is the disposition (throttle.DispositionsMetric) of a
+// core NATS message the Core gave up.
+const DispositionGivenUp = "given_up"
+
+// GiveUpError reports a core NATS message that the Core gave up: it was not
+// handled, and core NATS will not deliver it again. It matches
+// throttle.ErrLimited with errors.Is when the limit refused it.
+type GiveUpError struct {
+	Subject, Key string
+	// Reason is why: "max wait" (its slot lay beyond WithCoreMaxWait of
+	// its arrival), "max waiting" (WithCoreMaxWaiting of its key were
+	// waiting), "closed" (Close, or after it), or "invalid" (a key or
+	// cost error, or a request the Gate refuses as a usage error, in Err).
+	Reason string
+	// RetryAfter is the limit's wait when it refused the message.
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *GiveUpError) Error() string {
+	s := fmt.Sprintf("natsthrottle: gave up a message on %s (key %q): %s", e.Subject, e.Key, e.Reason)
+	if e.RetryAfter > 0 {
+		s += fmt.Sprintf(", the limit asked to wait %v", e.RetryAfter)
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns the decision's error, or throttle.ErrLimited when the
+// limit refused the message.
+func (e *GiveUpError) Unwrap() error {
+	if e.Err != nil {
+		return e.Err
+	}
+	if e.Reason == "closed" {
+		return throttle.ErrClosed
+	}
+	return throttle.ErrLimited
+}
+
+// CoreOption configures a Core.
+type CoreOption func(*coreConfig)
+
+type coreConfig struct {
+	key        func(*nats.Msg) (string, error)
+	cost       func(*nats.Msg) (int, error)
+	maxWait    time.Duration
+	maxWaiting int
+	onError    func(*nats.Msg, error)
+	logger     *slog.Logger
+}
+
+// WithCoreKeyFunc sets the message's key (default: its subject).
+func WithCoreKeyFunc(f func(*nats.Msg) (string, error)) CoreOption {
+	return func(c *coreConfig) { c.key = f }
+}
+
+// WithCoreCostFunc sets the message's cost (default 1).
+func WithCoreCostFunc(f func(*nats.Msg) (int, error)) CoreOption {
+	return func(c *coreConfig) { c.cost = f }
+}
+
+// WithCoreMaxWait sets how long a message may wait in process, from its
+// arrival, for its slot (default DefaultCoreMaxWait); a message whose slot
+// lies beyond is given up at once. It must be >= 0 (0 gives up every
+// message the limit refuses).
+func WithCoreMaxWait(d time.Duration) CoreOption { return func(c *coreConfig) { c.maxWait = d } }
+
+// WithCoreMaxWaiting sets how many messages of one key may wait at once
+// (default DefaultCoreMaxWaiting); beyond, a refused message is given up
+// at once. Memory is bounded by it: each waiting message holds its
+// *nats.Msg. It must be >= 0.
+func WithCoreMaxWaiting(n int) CoreOption { return func(c *coreConfig) { c.maxWaiting = n } }
+
+// WithCoreErrorHandler sets what gets every give-up (a *GiveUpError) and
+// every slow-consumer report (NATS dropped messages of the subscription,
+// an error wrapping nats.ErrSlowConsumer).
+func WithCoreErrorHandler(f func(*nats.Msg, error)) CoreOption {
+	return func(c *coreConfig) { c.onError = f }
+}
+
+// WithCoreLogger logs the give-ups and slow-consumer reports.
+func WithCoreLogger(l *slog.Logger) CoreOption { return func(c *coreConfig) { c.logger = l } }
+
+// Core gates a core NATS message handler (a plain subscription, a queue
+// group, a request-reply service) with a Gate: every message is decided by
+// its key and cost, with an id of its own, before the handler runs.
+//
+//   - Admitted: the handler runs, on the subscription's goroutine.
+//   - Refused: the message waits in process, on a goroutine of its own, for
+//     the limit's RetryAfter (its reserved slot, with
+//     throttle.WithReservations), and is decided again, until admitted;
+//     the handler then runs on that goroutine. So the handler must be safe
+//     for concurrent use.
+//   - Given up, since core NATS cannot deliver it again: when its slot lies
+//     beyond WithCoreMaxWait of its arrival, when WithCoreMaxWaiting of its
+//     key already wait, on Close, or when it can never be admitted. A
+//     request (a message with a reply subject) gets an error reply at once,
+//     with the Nats-Service-Error-Code 429 (400 when invalid),
+//     Nats-Service-Error, Retry-After and Retry-After-Ms headers. Every
+//     give-up goes to the error handler, the logger and
+//     throttle.DispositionsMetric (disposition "given_up"), and is counted
+//     in GivenUp: nothing is dropped silently.
+//
+// A message waiting here counts against the subscription's pending limits
+// only while the callback has not returned, which it does at once; a
+// handler slower than the messages arrive fills them, and NATS then drops
+// messages (a slow consumer). The Core reports each such drop it sees (the
+// subscription's Dropped count, checked at every message).
+type Core struct {
+	next nats.MsgHandler
+	gate *throttle.Gate
+	cfg  coreConfig
+
+	prefix string
+	seq    atomic.Uint64
+
+	mu      sync.Mutex
+	waiting map[string]int
+	closed  bool
+	dropped map[*nats.Subscription]int
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	givenUp atomic.Int64
+}
+
+// NewCore returns a Core running next for the messages g admits. Errors
+// wrap throttle.ErrInvalidOption and name the field.
+func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core, error) {
+	cfg := coreConfig{
+		key:        func(m *nats.Msg) (string, error) { return m.Subject, nil },
+		cost:       func(*nats.Msg) (int, error) { return 1, nil },
+		maxWait:    DefaultCoreMaxWait,
+		maxWaiting: DefaultCoreMaxWaiting,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	switch {
+	case next == nil:
+		return nil, &throttle.OptionError{Field: "next", Reason: "must not be nil"}
+	case g == nil:
+		return nil, &throttle.OptionError{Field: "gate", Reason: "must not be nil"}
+	case cfg.key == nil || cfg.cost == nil:
+		return nil, &throttle.OptionError{Field: "WithCoreKeyFunc", Reason: "key and cost functions must not be nil"}
+	case cfg.maxWait < 0:
+		return nil, &throttle.OptionError{Field: "WithCoreMaxWait", Reason: fmt.Sprintf("must be >= 0, got %v", cfg.maxWait)}
+	case cfg.maxWaiting < 0:
+		return nil, &throttle.OptionError{Field: "WithCoreMaxWaiting", Reason: fmt.Sprintf("must be >= 0, got %d", cfg.maxWaiting)}
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	return &Core{next: next, gate: g, cfg: cfg, prefix: "core:" + hex.EncodeToString(b[:]) + ":",
+		waiting: map[string]int{}, dropped: map[*nats.Subscription]int{}, stop: make(chan struct{})}, nil
+}
+
+// GivenUp returns how many messages the Core gave up.
+func (c *Core) GivenUp() int64 { return c.givenUp.Load() }
+
+// Handle decides m and runs the handler, now or after a wait, or gives it
+// up (see Core). It is a nats.MsgHandler.
+func (c *Core) Handle(m *nats.Msg) {
+	c.watch(m)
+	key, err := c.cfg.key(m)
+	if err != nil {
+		c.giveUp(m, key, "invalid", 0, err)
+		return
+	}
+	cost, err := c.cfg.cost(m)
+	if err != nil {
+		c.giveUp(m, key, "invalid", 0, err)
+		return
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		c.giveUp(m, key, "closed", 0, nil)
+		return
+	}
+	arrived := time.Now()
+	id := c.prefix + strconv.FormatUint(c.seq.Add(1), 36)
+	d, err := c.gate.AdmitID(context.Background(), key, cost, id)
+	switch {
+	case err != nil:
+		c.giveUp(m, key, "invalid", 0, err)
+		return
+	case d.Allowed:
+		c.next(m)
+		return
+	case d.RetryAfter > c.cfg.maxWait:
+		c.giveUp(m, key, "max wait", d.RetryAfter, nil)
+		return
+	}
+	c.mu.Lock()
+	if c.closed || c.waiting[key] >= c.cfg.maxWaiting {
+		reason := "max waiting"
+		if c.closed {
+			reason = "closed"
+		}
+		c.mu.Unlock()
+		c.giveUp(m, key, reason, d.RetryAfter, nil)
+		return
+	}
+	c.waiting[key]++
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go c.wait(m, key, cost, id, arrived.Add(c.cfg.maxWait), d.RetryAfter)
+}
+
+// wait is the life of a refused message until it runs or is given up.
+func (c *Core) wait(m *nats.Msg, key string, cost int, id string, deadline time.Time, retry time.Duration) {
+	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		if c.waiting[key]--; c.waiting[key] <= 0 {
+			delete(c.waiting, key)
+		}
+		c.mu.Unlock()
+	}()
+	for {
+		t := time.NewTimer(retry)
+		select {
+		case <-c.stop:
+			t.Stop()
+			c.giveUp(m, key, "closed", retry, nil)
+			return
+		case <-t.C:
+		}
+		d, err := c.gate.AdmitID(context.Background(), key, cost, id)
+		switch {
+		case err != nil:
+			c.giveUp(m, key, "invalid", 0, err)
+			return
+		case d.Allowed:
+			c.next(m)
+			return
+		case time.Now().Add(d.RetryAfter).After(deadline):
+			c.giveUp(m, key, "max wait", d.RetryAfter, nil)
+			return
+		}
+		retry = d.RetryAfter
+	}
+}
+
+// giveUp answers a request, reports the give-up and counts it.
+func (c *Core) giveUp(m *nats.Msg, key, reason string, retry time.Duration, cause error) {
+	ge := &GiveUpError{Subject: m.Subject, Key: key, Reason: reason, RetryAfter: retry, Err: cause}
+	c.givenUp.Add(1)
+	c.gate.CountDisposition(context.Background(), key, DispositionGivenUp)
+	c.report(m, ge)
+	if m.Reply == "" {
+		return
+	}
+	resp := nats.NewMsg(m.Reply)
+	code := "429"
+	if reason == "invalid" {
+		code = "400"
+	}
+	resp.Header.Set(HeaderServiceErrorCode, code)
+	resp.Header.Set(HeaderServiceError, ge.Error())
+	if retry > 0 {
+		resp.Header.Set(HeaderRetryAfter, strconv.FormatInt(int64((retry+time.Second-1)/time.Second), 10))
+		resp.Header.Set(HeaderRetryAfterMs, strconv.FormatInt(retry.Milliseconds(), 10))
+	}
+	if err := m.RespondMsg(resp); err != nil {
+		c.report(m, fmt.Errorf("natsthrottle: reply to a request given up on %s: %w", m.Subject, err))
+	}
+}
+
+// watch reports the messages NATS dropped from m's subscription since the
+// last message (a slow consumer).
+func (c *Core) watch(m *nats.Msg) {
+	if m.Sub == nil {
+		return
+	}
+	n, err := m.Sub.Dropped()
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	last := c.dropped[m.Sub]
+	c.dropped[m.Sub] = n
+	c.mu.Unlock()
+	if n > last {
+		msgs, bytes, _ := m.Sub.PendingLimits()
+		c.report(m, fmt.Errorf("natsthrottle: %w: NATS dropped %d messages of %s (%d in all; pending limits %d messages, %d bytes)",
+			nats.ErrSlowConsumer, n-last, m.Sub.Subject, n, msgs, bytes))
+	}
+}
+
+func (c *Core) report(m *nats.Msg, err error) {
+	if c.cfg.onError != nil {
+		c.cfg.onError(m, err)
+	}
+	if c.cfg.logger != nil {
+		c.cfg.logger.Warn("natsthrottle: core message", "subject", m.Subject, "error", err)
+	}
+}
+
+// Close gives up every message that waits, and every message that arrives
+// from now on, each reported (see Core), and waits for the waiting ones
+// to be given up (or admitted and handled) up to ctx. Errors: ctx's, when
+// it ended first.
+func (c *Core) Close(ctx context.Context) error {
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		close(c.stop)
+	}
+	c.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("natsthrottle: Core.Close: %w", ctx.Err())
+	}
+}
