@@ -180,7 +180,8 @@ func (l *Limit) Rejected(ctx context.Context, key string) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	keys := []string{l.key(key, ":state"), l.key(key, ":ok")}
-	v, err := rejectedScript.Run(ctx, l.client, keys, l.perUS(), l.floor, seen, marginPerMille, stateKeep.Milliseconds()).Int64Slice()
+	args := append([]any{l.perUS(), l.floor, seen, marginPerMille}, l.known(key)...)
+	v, err := rejectedScript.Run(ctx, l.client, keys, args...).Int64Slice()
 	if err != nil {
 		return seen, fmt.Errorf("adaptive: redis: %w", err)
 	}
@@ -217,18 +218,14 @@ func (l *Limit) fetch(key string) {
 // read reads key's state, writing back what this process knew when the
 // state is gone.
 func (l *Limit) read(ctx context.Context, key string) error {
-	l.mu.Lock()
-	k := l.state(key)
-	args := []any{"", "", "", stateKeep.Milliseconds()}
-	if k.known && k.limit >= 0 {
-		args = []any{k.limit, k.estimate, k.decreased, stateKeep.Milliseconds()}
-	}
-	l.mu.Unlock()
+	args := l.known(key)
+	args = append(args[1:], args[0]) // state.lua takes keep last
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	v, err := stateScript.Run(ctx, l.client, []string{l.key(key, ":state")}, args...).Int64Slice()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	k := l.state(key)
 	k.fetching = false
 	if err == nil && len(v) != 4 {
 		err = fmt.Errorf("unexpected reply %v", v)
@@ -239,6 +236,19 @@ func (l *Limit) read(ctx context.Context, key string) error {
 	}
 	l.set(k, v[0], v[1], v[2], v[3])
 	return nil
+}
+
+// known returns the scripts' arguments for what this process knows of
+// key's state: the state's life (ms), then limit, estimate and decreased,
+// or three "" when it knows none.
+func (l *Limit) known(key string) []any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.state(key)
+	if k.known && k.limit >= 0 {
+		return []any{stateKeep.Milliseconds(), k.limit, k.estimate, k.decreased}
+	}
+	return []any{stateKeep.Milliseconds(), "", "", ""}
 }
 
 // state returns key's state, under l.mu.

@@ -122,3 +122,32 @@ func TestNewRedisErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestLossThenRejected: a 429 right after Redis lost the state (and the
+// accepted calls) does not drop the limit to the floor: the process that
+// knew the state writes it back, and this 429 decreases nothing.
+func TestLossThenRejected(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ceiling := throttle.Rate{Count: 200, Per: 300 * time.Millisecond}
+	a, err := adaptive.NewRedis(client, ceiling, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := adaptive.NewRedis(client, ceiling, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept(t, a, "p", 100)
+	if got, err := a.Rejected(ctx, "p"); err != nil || got != 95 {
+		t.Fatalf("first 429: %d, %v; want 95", got, err)
+	}
+	srv.FlushAll(t)
+	if got, err := a.Rejected(ctx, "p"); err != nil || got != 95 {
+		t.Fatalf("429 after FLUSHALL: %d, %v; want 95 (written back), not the floor", got, err)
+	}
+	if got, err := b.Read(ctx, "p"); err != nil || got != 95 {
+		t.Fatalf("the other process reads %d, %v; want 95", got, err)
+	}
+}

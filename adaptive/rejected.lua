@@ -13,6 +13,10 @@
 -- ARGV[3]  seen: the limit the caller decided with.
 -- ARGV[4]  margin: per mille taken off the estimate.
 -- ARGV[5]  keep: how long the state lives without a 429, ms.
+-- ARGV[6..8] limit, estimate, decreased as the caller knew them, "" when
+--          it knew none. A state missing while the caller knew one was
+--          lost (and the accepted calls with it): it is written back, and
+--          this 429 decreases nothing (its estimate would count nothing).
 -- Returns {limit, estimate, decreased, now, changed (0|1)}.
 local t = redis.call("TIME")
 local now = t[1] * 1000000 + t[2]
@@ -20,6 +24,11 @@ local per = tonumber(ARGV[1])
 local floor = tonumber(ARGV[2])
 local seen = tonumber(ARGV[3])
 local s = redis.call("HMGET", KEYS[1], "limit", "estimate", "decreased")
+if not s[1] and ARGV[6] ~= "" then
+	redis.call("HSET", KEYS[1], "limit", ARGV[6], "estimate", ARGV[7], "decreased", ARGV[8])
+	redis.call("PEXPIRE", KEYS[1], ARGV[5])
+	return {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), now, 0}
+end
 local decreased = tonumber(s[3]) or 0
 if s[1] and now - decreased < per then
 	return {tonumber(s[1]), tonumber(s[2]) or 0, decreased, now, 0}

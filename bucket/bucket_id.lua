@@ -148,7 +148,17 @@ if s[2] then
 		return {1, credit, 0, 0, 0, now}
 	end
 	credit = math.min(credit + need, cap) -- given back, decided anew
-	save(credit)
+	if credit < cap then
+		save(credit)
+	else
+		-- Full again: as giveBack (convert.lua), keeping the key's life.
+		local keep = redis.call("PTTL", key)
+		if keep > 0 then
+			store(key, cap, ts, per, keep)
+		else
+			redis.call("DEL", key)
+		end
+	end
 end
 
 if after > 0 then

@@ -134,9 +134,35 @@ func (a *all) allowID(ctx context.Context, key string, n int, id string, horizon
 			continue // a part may have found the slot taken: check again
 		}
 		// Every part holds the slot, is pinned, or is open by then (none
-		// is open beyond it): the request has its slot.
-		return combine(slots, Decision{RetryAfter: CeilMillisecond(max(wait, time.Millisecond)), Reserved: true}), nil
+		// is open beyond it): the request has its slot, if some part
+		// holds it (every part open, paused say, holds nothing).
+		held := false
+		for i := range slots {
+			held = held || slots[i].d.Reserved
+		}
+		return combine(slots, Decision{RetryAfter: CeilMillisecond(max(wait, time.Millisecond)), Reserved: held}), nil
 	}
+}
+
+// Refund gives back what id holds for key in every part (see
+// throttle.Refunder): a request that will not run. It reports whether any
+// part held something; errors are the parts', joined, each with its
+// index.
+func (a *all) Refund(ctx context.Context, key string, n int, id string) (bool, error) {
+	held := false
+	var errs []error
+	for i := range a.parts {
+		p := &a.parts[i]
+		if p.refunder == nil {
+			continue
+		}
+		ok, err := p.refunder.Refund(ctx, p.keyOf(key), n, partID(key, p, id))
+		held = held || ok
+		if err != nil {
+			errs = append(errs, fmt.Errorf("throttle: All parts[%d]: %w", p.index, err))
+		}
+	}
+	return held, errors.Join(errs...)
 }
 
 // askSlot asks part i for the request, its slot no earlier than target
@@ -180,13 +206,14 @@ func (a *all) giveBack(ctx context.Context, slots []partSlot, key string, n int,
 
 // combine folds the parts' decisions as All's AllowN does, with the
 // RetryAfter and Reserved of out for a rejection; an admission is
-// AlreadyAdmitted when every part's was.
+// AlreadyAdmitted when some part had admitted the id before (so that no
+// two calls for one id both report a fresh admission).
 func combine(slots []partSlot, out Decision) Decision {
 	var c combined
-	already := true
+	already := false
 	for i := range slots {
 		c.add(slots[i].d)
-		already = already && slots[i].d.AlreadyAdmitted
+		already = already || slots[i].d.AlreadyAdmitted
 	}
 	d := c.decision()
 	if d.Allowed {

@@ -70,7 +70,8 @@ type Decision struct {
 	// was admitted before this call and is still counted (a redelivery,
 	// another worker, a retry after a lost reply): this call charged
 	// nothing, and a Refund would take back that earlier admission, which
-	// may have run. Always false when rejected and for AllowN.
+	// may have run. (For All: some part had admitted it before; others
+	// may have charged it now.) Always false when rejected and for AllowN.
 	AlreadyAdmitted bool
 	// Err is, for a Decision a Gate made with its failure policy because
 	// the limiter could not decide (Source SourceDegraded), the limiter's

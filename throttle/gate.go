@@ -240,6 +240,23 @@ func (g *Gate) AdmitID(ctx context.Context, key string, n int, id string) (Decis
 	return g.admit(ctx, key, n, id, id != "")
 }
 
+// Release gives back what AdmitID's id holds for key (its admission or
+// its reservation) when the request will not run: a consumer that gives a
+// message up, with no redelivery to claim its slot. It does nothing, with
+// no error, when the limiter cannot give back (it is not a Refunder) or
+// id is "". Errors are the limiter's Refund's.
+func (g *Gate) Release(ctx context.Context, key string, n int, id string) error {
+	if g == nil || id == "" {
+		return nil
+	}
+	r, ok := g.limiter.(Refunder)
+	if !ok {
+		return nil
+	}
+	_, err := r.Refund(ctx, key, n, id)
+	return err
+}
+
 func (g *Gate) admit(ctx context.Context, key string, n int, id string, hasID bool) (Decision, error) {
 	if g == nil || g.limiter == nil {
 		return Decision{RetryAfter: Never}, &OptionError{Field: "Gate", Reason: "not built by NewGate"}

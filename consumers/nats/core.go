@@ -142,7 +142,8 @@ func WithCoreLogger(l *slog.Logger) CoreOption { return func(c *coreConfig) { c.
 //     Nats-Service-Error, Retry-After and Retry-After-Ms headers. Every
 //     give-up goes to the error handler, the logger and
 //     throttle.DispositionsMetric (disposition "given_up"), and is counted
-//     in GivenUp: nothing is dropped silently.
+//     in GivenUp: nothing is dropped silently. What the message held in
+//     the limit (its reserved slot) is given back (Gate.Release).
 //
 // A message waiting here counts against the subscription's pending limits
 // only while the callback has not returned, which it does at once; a
@@ -209,19 +210,19 @@ func (c *Core) Handle(m *nats.Msg) {
 	c.watch(m)
 	key, err := c.cfg.key(m)
 	if err != nil {
-		c.giveUp(m, key, "invalid", 0, err)
+		c.giveUp(m, key, 0, "", "invalid", 0, err)
 		return
 	}
 	cost, err := c.cfg.cost(m)
 	if err != nil {
-		c.giveUp(m, key, "invalid", 0, err)
+		c.giveUp(m, key, 0, "", "invalid", 0, err)
 		return
 	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		c.giveUp(m, key, "closed", 0, nil)
+		c.giveUp(m, key, cost, "", "closed", 0, nil)
 		return
 	}
 	arrived := time.Now()
@@ -229,13 +230,13 @@ func (c *Core) Handle(m *nats.Msg) {
 	d, err := c.gate.AdmitID(context.Background(), key, cost, id)
 	switch {
 	case err != nil:
-		c.giveUp(m, key, "invalid", 0, err)
+		c.giveUp(m, key, cost, id, "invalid", 0, err)
 		return
 	case d.Allowed:
 		c.next(m)
 		return
 	case d.RetryAfter > c.cfg.maxWait:
-		c.giveUp(m, key, "max wait", d.RetryAfter, nil)
+		c.giveUp(m, key, cost, id, "max wait", d.RetryAfter, nil)
 		return
 	}
 	c.mu.Lock()
@@ -245,7 +246,7 @@ func (c *Core) Handle(m *nats.Msg) {
 			reason = "closed"
 		}
 		c.mu.Unlock()
-		c.giveUp(m, key, reason, d.RetryAfter, nil)
+		c.giveUp(m, key, cost, id, reason, d.RetryAfter, nil)
 		return
 	}
 	c.waiting[key]++
@@ -269,28 +270,33 @@ func (c *Core) wait(m *nats.Msg, key string, cost int, id string, deadline time.
 		select {
 		case <-c.stop:
 			t.Stop()
-			c.giveUp(m, key, "closed", retry, nil)
+			c.giveUp(m, key, cost, id, "closed", retry, nil)
 			return
 		case <-t.C:
 		}
 		d, err := c.gate.AdmitID(context.Background(), key, cost, id)
 		switch {
 		case err != nil:
-			c.giveUp(m, key, "invalid", 0, err)
+			c.giveUp(m, key, cost, id, "invalid", 0, err)
 			return
 		case d.Allowed:
 			c.next(m)
 			return
 		case time.Now().Add(d.RetryAfter).After(deadline):
-			c.giveUp(m, key, "max wait", d.RetryAfter, nil)
+			c.giveUp(m, key, cost, id, "max wait", d.RetryAfter, nil)
 			return
 		}
 		retry = d.RetryAfter
 	}
 }
 
-// giveUp answers a request, reports the give-up and counts it.
-func (c *Core) giveUp(m *nats.Msg, key, reason string, retry time.Duration, cause error) {
+// giveUp gives back what id holds in the limit (its reservation: no
+// redelivery will claim it), answers a request, reports the give-up and
+// counts it. id is "" for a message never decided.
+func (c *Core) giveUp(m *nats.Msg, key string, cost int, id, reason string, retry time.Duration, cause error) {
+	if err := c.gate.Release(context.Background(), key, cost, id); err != nil {
+		c.report(m, fmt.Errorf("natsthrottle: give back the slot of a message given up on %s: %w", m.Subject, err))
+	}
 	ge := &GiveUpError{Subject: m.Subject, Key: key, Reason: reason, RetryAfter: retry, Err: cause}
 	c.givenUp.Add(1)
 	c.gate.CountDisposition(context.Background(), key, DispositionGivenUp)

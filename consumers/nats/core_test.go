@@ -12,6 +12,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/natsserver"
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // coreRecorder counts the messages a core handler ran and the give-ups it
@@ -252,4 +253,40 @@ func TestNewCoreErrors(t *testing.T) {
 			t.Errorf("%s: %v, want an OptionError naming it", name, err)
 		}
 	}
+}
+
+// TestCoreFloodGivesBackSlots: a flood of 2,000 messages on one key under
+// reservations: those given up give back the slots they reserved, so once
+// the flood is over the key admits again within a window, not after the
+// horizon the flood booked; every message is handled or given up, counted
+// exactly.
+func TestCoreFloodGivesBackSlots(t *testing.T) {
+	lim, err := window.NewMemory(throttle.Rate{Count: 20, Per: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newCoreRecorder()
+	c := newCore(t, rec.handle, g, WithCoreErrorHandler(rec.onError), WithCoreMaxWait(300*time.Millisecond))
+	nc := coreSub(t, "core.flood", c)
+	const total = 2000
+	for i := range total {
+		nc.Publish("core.flood", []byte(strconv.Itoa(i)))
+	}
+	nc.Flush()
+	waitFor(t, 10*time.Second, "every message handled or given up", func() bool { h, _, up := rec.counts(); return h+up >= total })
+	h, twice, up := rec.counts()
+	if h+up != total || twice != 0 || int64(up) != c.GivenUp() {
+		t.Fatalf("handled %d (twice %d), given up %d (%d counted); want %d in all", h, twice, up, c.GivenUp(), total)
+	}
+	time.Sleep(600 * time.Millisecond) // the last admissions leave the window
+	nc.Publish("core.flood", []byte("after"))
+	waitFor(t, 2*time.Second, "the message after the flood handled", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.handled["after"] == 1
+	})
 }

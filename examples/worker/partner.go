@@ -66,6 +66,9 @@ func parsePartner(budget, quota, after string) (partnerSettings, error) {
 		if c.Rate, err = throttle.ParseRate(rate); err != nil {
 			return ps, fmt.Errorf("-partner-quota-after: %q: %w", item, err)
 		}
+		if n := len(ps.After); n > 0 && c.At <= ps.After[n-1].At {
+			return ps, fmt.Errorf("-partner-quota-after: %q: the changes must come in order, each after the one before", item)
+		}
 		ps.After = append(ps.After, c)
 	}
 	if len(ps.After) > 0 && ps.Quota.Count == 0 {
@@ -226,6 +229,7 @@ func (c *partnerClient) call(ctx context.Context) (accepted bool, retry time.Dur
 // both consumers and every process together.
 type partnerReport struct {
 	Quota        throttle.Rate // at the start
+	After        []quotaChange // -partner-quota-after
 	Budget       throttle.Rate // -partner (zero: none)
 	Final        int           // -partner's limit at the end: adapted, with Redis
 	Calls        int
@@ -249,7 +253,7 @@ func (ps partnerSettings) finalLimit(ctx context.Context) int {
 // report sums the calls; admits are every admission of the run, final
 // -partner's limit at its end.
 func (p *partnerServer) report(ps partnerSettings, final int, admits []event) partnerReport {
-	r := partnerReport{Quota: ps.Quota, Budget: ps.Budget, Final: final, AcceptedPerS: []int{}, RejectedPerS: []int{}}
+	r := partnerReport{Quota: ps.Quota, After: ps.After, Budget: ps.Budget, Final: final, AcceptedPerS: []int{}, RejectedPerS: []int{}}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r.Calls = len(p.calls)
@@ -285,6 +289,10 @@ func (r partnerReport) line() string {
 	if r.Budget.Count > 0 {
 		budget = fmt.Sprintf("-partner %s (at the end %d/%v), max %d admitted in any %v", r.Budget, r.Final, r.Budget.Per, r.MaxInWindow, r.Budget.Per)
 	}
+	quota := r.Quota.String()
+	for _, c := range r.After {
+		quota += fmt.Sprintf(", %s from t=%v", c.Rate, c.At)
+	}
 	return fmt.Sprintf("partner (quota %s): %s, %d accepted, %d answered 429 (%.1f%%); %s",
-		r.Quota, plural(r.Calls, "call"), r.Accepted, r.Rejected429, share, budget)
+		quota, plural(r.Calls, "call"), r.Accepted, r.Rejected429, share, budget)
 }

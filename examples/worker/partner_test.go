@@ -72,7 +72,7 @@ func TestParsePartner(t *testing.T) {
 	if err != nil || ps.Budget.Count != 20 || ps.Quota.Count != 25 || len(ps.After) != 2 || ps.After[1].At != 20*time.Second || ps.After[1].Rate.Count != 30 {
 		t.Fatalf("parsePartner: %+v, %v", ps, err)
 	}
-	for _, bad := range [][3]string{{"x", "", ""}, {"", "0/1s", ""}, {"", "", "10s=10/1s"}, {"", "5/1s", "10s"}, {"", "5/1s", "-1s=5/1s"}} {
+	for _, bad := range [][3]string{{"x", "", ""}, {"", "0/1s", ""}, {"", "", "10s=10/1s"}, {"", "5/1s", "10s"}, {"", "5/1s", "-1s=5/1s"}, {"", "5/1s", "10s=5/1s,5s=6/1s"}} {
 		if _, err := parsePartner(bad[0], bad[1], bad[2]); err == nil || !strings.Contains(err.Error(), "-partner") {
 			t.Errorf("parsePartner(%q): %v, want an error naming the flag", bad, err)
 		}
