@@ -30,9 +30,9 @@ type BackoffError struct {
 // d without counting a failure or incrementing the retry count (with
 // IsFailure and RetryDelayFunc in asynq.Config, as for rejections), and,
 // on its last attempt, re-enqueued (WithClient) or waited for in the
-// handler, so it is never archived because of it. When it runs again it
-// is decided by its id: admitted, not charged a second time while its
-// first admission is counted, once the pause has ended.
+// handler, so it is never archived because of it. The refused call's
+// admission is given back (throttle.Gate.Release): the partner did not
+// count it, so the task's next call is charged as the call it is.
 //
 // d <= 0 is a programming error: Backoff then returns an error wrapping
 // throttle.ErrInvalidOption, naming "d", which asynq treats as a failure.
@@ -62,16 +62,20 @@ func backoffOf(err error) *BackoffError {
 	return nil
 }
 
-// backoff pauses key for be.Delay and returns the rejection that puts the
-// task back: RetryAfter be.Delay. A failed pause is recorded on the span
-// and passed to the error handler; the task goes back all the same.
-func (h *handler) backoff(ctx context.Context, span trace.Span, t *asynq.Task, key string, be *BackoffError) throttle.Decision {
+// backoff pauses key for be.Delay, gives back what the refused call's
+// admission took (id's), and returns the rejection that puts the task
+// back: RetryAfter be.Delay. A failed pause or give-back is recorded on
+// the span and passed to the error handler; the task goes back all the
+// same.
+func (h *handler) backoff(ctx context.Context, span trace.Span, t *asynq.Task, key string, cost int, id string, be *BackoffError) throttle.Decision {
 	span.SetAttributes(BackoffMsAttr.Int64(be.Delay.Milliseconds()))
-	if err := h.gate.Pause(ctx, key, be.Delay); err != nil {
-		err = fmt.Errorf("asynqthrottle: backoff: pause of key %q: %w", key, err)
-		fail(span, err)
-		if h.cfg.onError != nil {
-			h.cfg.onError(ctx, t, err)
+	for _, err := range []error{h.gate.Pause(ctx, key, be.Delay), h.gate.Release(ctx, key, cost, id)} {
+		if err != nil {
+			err = fmt.Errorf("asynqthrottle: backoff of key %q: %w", key, err)
+			fail(span, err)
+			if h.cfg.onError != nil {
+				h.cfg.onError(ctx, t, err)
+			}
 		}
 	}
 	return throttle.Decision{RetryAfter: be.Delay, ResetAfter: be.Delay}

@@ -79,7 +79,7 @@ func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Tas
 			}
 			admitted = true
 		}
-		again, err := h.runFair(ctx, span, t, ti, key, id, ft, &waits)
+		again, err := h.runFair(ctx, span, t, ti, key, cost, id, ft, &waits)
 		if !again {
 			return err
 		}
@@ -92,7 +92,7 @@ func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Tas
 // runs it. It returns what asynq gets, or again when the wrapped handler
 // returned Backoff and the task waited here for the key's pause (it is
 // then decided again).
-func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, key, id string, ft *fair.Ticket, waits *int) (again bool, err error) {
+func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, ti *taskInfo, key string, cost int, id string, ft *fair.Ticket, waits *int) (again bool, err error) {
 	for {
 		select {
 		case <-ft.Granted():
@@ -128,9 +128,9 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 		if be == nil {
 			return false, err
 		}
-		// The partner said 429: pause the key for everyone, and back like
-		// a rejection (admitted again on its id).
-		d := h.backoff(ctx, span, t, key, be)
+		// The partner said 429: pause the key for everyone, give back the
+		// refused call's charge, and back like a rejection.
+		d := h.backoff(ctx, span, t, key, cost, id, be)
 		at = time.Now()
 		rl := newRateLimitError(key, d, at)
 		rl.backoff = true

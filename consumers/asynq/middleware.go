@@ -193,9 +193,9 @@ func (h *handler) process(ctx context.Context, span trace.Span, t *asynq.Task, t
 			if be == nil {
 				return err
 			}
-			// The partner said 429: pause the key for everyone, and back
-			// like a rejection (admitted again on its id).
-			d, backedOff = h.backoff(ctx, span, t, key, be), true
+			// The partner said 429: pause the key for everyone, give back
+			// the refused call's charge, and back like a rejection.
+			d, backedOff = h.backoff(ctx, span, t, key, cost, id, be), true
 			at = time.Now()
 		case d.RetryAfter == throttle.Never:
 			return archive(span, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))

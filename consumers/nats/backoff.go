@@ -43,9 +43,9 @@ var ErrNotGated = errors.New("natsthrottle: the message was not passed by a nats
 //     messages as it does rejected ones (left unacknowledged, reported
 //     with ErrClosed).
 //
-// On redelivery the message is decided by its id again: it was admitted
-// and is still counted, so it is not charged a second time while it is;
-// then the wrapped handler runs again (once).
+// The refused call's admission is given back (throttle.Gate.Release): the
+// partner did not count it, so the message is charged again when it comes
+// back, as the call it then makes; the wrapped handler runs again (once).
 //
 // Errors (msg is still put back, except for a bad d): one wrapping
 // throttle.ErrInvalidOption, naming "d", for d <= 0, and nothing is done;
@@ -79,11 +79,14 @@ func (h *Handler) backoff(m *tracedMsg, d time.Duration) error {
 	span.SetAttributes(BackoffMsAttr.Int64(d.Milliseconds()))
 	ctx, cancel := context.WithTimeout(m.ctx, h.decision)
 	err := h.gate.Pause(ctx, m.r.key, d)
-	cancel()
 	if err != nil {
 		err = fmt.Errorf("natsthrottle: backoff: pause of key %q: %w", m.r.key, err)
 		h.fail(m.ctx, span, m.r.msg, err)
 	}
+	if rerr := h.gate.Release(ctx, m.r.key, m.r.cost, m.r.id); rerr != nil {
+		h.fail(m.ctx, span, m.r.msg, fmt.Errorf("natsthrottle: backoff: give back the refused call of key %q: %w", m.r.key, rerr))
+	}
+	cancel()
 	if m.back.request(d) {
 		h.putBack(m, d)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,10 +23,22 @@ type backoffRun struct {
 	err       error             // Backoff's
 }
 
+// refundCounter counts the Refunds of a window.
+type refundCounter struct {
+	*window.Memory
+	refunds atomic.Int64
+}
+
+func (r *refundCounter) Refund(ctx context.Context, key string, n int, id string) (bool, error) {
+	r.refunds.Add(1)
+	return r.Memory.Refund(ctx, key, n, id)
+}
+
 // TestBackoff: a handler that calls Backoff on its first run pauses the
 // message's key, and the message comes back after at least d and is
-// handled once more, charged once; in process, by a NAK, or held on its
-// last delivery, as Backoff says.
+// handled once more, charged once, by that second run (the refused call's
+// charge is given back); in process, by a NAK, or held on its last
+// delivery, as Backoff says.
 func TestBackoff(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -47,7 +60,8 @@ func TestBackoff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, err := throttle.NewGate(lim)
+			counted := &refundCounter{Memory: lim}
+			g, err := throttle.NewGate(counted)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,9 +112,14 @@ func TestBackoff(t *testing.T) {
 			if second.delivered != tt.delivered {
 				t.Errorf("second run on delivery %d, want %d", second.delivered, tt.delivered)
 			}
-			// Charged once: the redelivery was admitted on its id.
+			// Charged once, by the second run: the refused call gave its
+			// charge back (the newest unit is the second run's, so the
+			// window resets a minute after it, not after the first).
 			if p, _ := lim.Peek(context.Background(), "jobs.partner", 1); p.Remaining != 98 {
 				t.Errorf("Peek after: Remaining %d, want 98 (one admission charged)", p.Remaining)
+			}
+			if n := counted.refunds.Load(); n != 1 {
+				t.Errorf("%d refunds, want 1: the refused call's charge given back", n)
 			}
 			if a := maxDeliveries.all(); len(a) > 0 {
 				t.Errorf("MAX_DELIVERIES advisory: %v", a[0])
