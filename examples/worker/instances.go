@@ -528,7 +528,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	defer pcancel()
 	pubDone := make(chan error, 1)
 	go func() {
-		pubDone <- publish(pctx, js, tp.Tracer(scopeName), propagation.TraceContext{}, jf.Jobs, start, rec, nil, out)
+		pubDone <- publish(pctx, js, nil, tp.Tracer(scopeName), propagation.TraceContext{}, jf.Jobs, start, rec, nil, out)
 	}()
 	var complete <-chan struct{} = rec.complete
 	var faultErrs <-chan error

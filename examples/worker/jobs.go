@@ -38,6 +38,9 @@ type jobsFile struct {
 	Jobs    []job
 	Rates   map[string]throttle.Rate
 	Weights map[string]float64
+	// Requests are the tenants whose rate line says "request": true: with
+	// -core their jobs go out as requests, answered by the handler.
+	Requests map[string]bool
 }
 
 // line is either a job or, without an id, a rate line for a tenant: a
@@ -45,8 +48,9 @@ type jobsFile struct {
 // {"tenant": "initech", "rate": "10/1s", "weight": 3}.
 type line struct {
 	job
-	Rate   string   `json:"rate"`
-	Weight *float64 `json:"weight"`
+	Rate    string   `json:"rate"`
+	Weight  *float64 `json:"weight"`
+	Request bool     `json:"request"`
 }
 
 // maxWeight bounds a rate line's weight.
@@ -82,7 +86,7 @@ func loadJobs(path string) (jobsFile, error) {
 // parseJobs parses JSON Lines: one job or rate override per line; blank
 // lines are skipped. Jobs are returned sorted by arrival (stable).
 func parseJobs(r io.Reader) (jobsFile, error) {
-	jf := jobsFile{Rates: map[string]throttle.Rate{}, Weights: map[string]float64{}}
+	jf := jobsFile{Rates: map[string]throttle.Rate{}, Weights: map[string]float64{}, Requests: map[string]bool{}}
 	rateLines := map[string]bool{}
 	ids := map[string]bool{}
 	err := eachLine(r, func(text string) error {
@@ -93,9 +97,12 @@ func parseJobs(r io.Reader) (jobsFile, error) {
 		if err := checkTenant(l.Tenant); err != nil {
 			return err
 		}
-		if l.Rate != "" || l.Weight != nil {
+		if l.Rate != "" || l.Weight != nil || l.Request {
 			if l.ID != "" || l.AtMS != 0 || l.Cost != 0 {
-				return errors.New("a rate line has a tenant, a rate and a weight only (a job has an id, and neither)")
+				return errors.New("a rate line has a tenant, a rate, a weight and request only (a job has an id, and none of them)")
+			}
+			if l.Request {
+				jf.Requests[l.Tenant] = true
 			}
 			if rateLines[l.Tenant] {
 				return fmt.Errorf("a second rate line for tenant %s", l.Tenant)

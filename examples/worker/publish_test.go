@@ -28,7 +28,7 @@ func TestPublishTenantsApart(t *testing.T) {
 	jobs = append(jobs, job{ID: "quiet-0", Tenant: "quiet", AtMS: 2, Cost: 1})
 	start := time.Now()
 	rec := newRecorder(start, len(jobs))
-	if err := publish(context.Background(), js, noop.NewTracerProvider().Tracer(""), propagation.TraceContext{}, jobs, start, rec, nil, io.Discard); err != nil {
+	if err := publish(context.Background(), js, nil, noop.NewTracerProvider().Tracer(""), propagation.TraceContext{}, jobs, start, rec, nil, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	var quietSeq uint64

@@ -72,6 +72,7 @@ type (
 		// again a message whose ack the fault lost; see explainDuplicates).
 		DuplicatesExplained int     `json:"duplicates_explained"`
 		Lost                int     `json:"lost"`          // terminated, or dropped at MaxDeliver
+		GivenUp             int     `json:"given_up"`      // -core: given up by the throttle (natsthrottle.Core's reports)
 		Naks                int     `json:"naks"`          // NAKs (NATS) or rejections returned to asynq
 		Reserved            int     `json:"reserved"`      // of the NAKs, those whose decision reserved the message's own slot
 		MustWait            int     `json:"must_wait"`     // jobs that cannot start on arrival: each NAKed or waiting in process
@@ -131,6 +132,7 @@ func (rep report) jsonConsumer() jsonConsumer {
 
 			DuplicatesExplained: t.Explained,
 			Lost:                t.Terms + t.MaxDeliver,
+			GivenUp:             t.GivenUp,
 			Naks:                t.Naks,
 			Reserved:            t.Reserved,
 			MustWait:            t.MustWait,

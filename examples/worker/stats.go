@@ -87,6 +87,7 @@ type tenantStats struct {
 	Holds      int // messages the throttle held on their last delivery (sent InProgress)
 	Terms      int // messages terminated (never admissible, e.g. a cost above the limit)
 	MaxDeliver int // messages the server gave up on (MAX_DELIVERIES advisories)
+	GivenUp    int // -core: messages natsthrottle.Core gave up (and reported)
 }
 
 // events is where the consumer of a run reports what happens: a recorder
@@ -287,6 +288,17 @@ func (r *recorder) term(tenant string) {
 	r.check()
 }
 
+// givenUp records a core NATS message of tenant that the throttle gave up
+// (-core): core NATS cannot deliver it again, so it is lost to the
+// consumer, and no longer waited for.
+func (r *recorder) givenUp(tenant string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tenant(tenant).GivenUp++
+	r.lost++
+	r.check()
+}
+
 // maxDelivered records that the server stopped delivering stream sequence
 // seq: the job is lost to this consumer.
 func (r *recorder) maxDelivered(seq uint64) {
@@ -424,8 +436,10 @@ type report struct {
 	MaxRetry       int      // of every task
 	MostRejections int      // most rejections of one job
 
-	Asynq   *report        // the asynq consumer, with -redis
-	Partner *partnerReport // -partner-quota: every consumer and process
+	Core     bool           // -core: the jobs went out on core NATS
+	Requests *coreRequests  // -core: how the requests were answered
+	Asynq    *report        // the asynq consumer, with -redis
+	Partner  *partnerReport // -partner-quota: every consumer and process
 	// natsConsumers names the JetStream consumers, for the summary.
 	natsConsumers string
 
@@ -438,8 +452,15 @@ func (r report) ExactlyOnce() bool {
 }
 
 // NoneLost reports whether every job was handled, and more than once only
-// where the faults explain it (see explainDuplicates).
-func (r report) NoneLost() bool { return len(r.Missing) == 0 && len(r.Duplicates) == 0 }
+// where the faults explain it (see explainDuplicates); with -core, every
+// job not handled was given up and reported.
+func (r report) NoneLost() bool {
+	given := 0
+	for _, t := range r.Tenants {
+		given += t.GivenUp
+	}
+	return len(r.Missing) == given && len(r.Duplicates) == 0
+}
 
 // OK reports whether the run passes every check: every job handled, and
 // more than once only where a fault explains it, no tenant over its
@@ -592,6 +613,20 @@ func (rep report) print(w io.Writer) {
 	if rep.Partner != nil {
 		fmt.Fprintln(w, rep.Partner.line())
 	}
+	if rep.Core {
+		var given []string
+		for _, t := range rep.Tenants {
+			if t.GivenUp > 0 {
+				given = append(given, fmt.Sprintf("%s %d", t.Tenant, t.GivenUp))
+			}
+		}
+		if len(given) > 0 {
+			fmt.Fprintln(w, "given up by the throttle, each reported (core NATS cannot deliver them again): "+strings.Join(given, ", "))
+		}
+		if rep.Requests != nil {
+			fmt.Fprintln(w, rep.Requests.line())
+		}
+	}
 	fmt.Fprintln(w, rep.verdict())
 }
 
@@ -701,6 +736,20 @@ func (rep report) verdict() string {
 // deliveryVerdict is the verdict on deliveries alone: every job handled
 // exactly once (or again, explained by a fault), none lost.
 func (rep report) deliveryVerdict() string {
+	if rep.Core {
+		given := 0
+		for _, t := range rep.Tenants {
+			given += t.GivenUp
+		}
+		switch {
+		case !rep.NoneLost() || len(rep.Explained) > 0:
+			return "FAIL: not every job handled exactly once or given up and reported: " + rep.failures()
+		case given == 0:
+			return fmt.Sprintf("OK: all %s handled exactly once on core NATS in %.1fs", plural(rep.Jobs, "job"), rep.Elapsed.Seconds())
+		}
+		return fmt.Sprintf("OK: %d of %s handled exactly once on core NATS, %d given up and reported (core NATS cannot deliver them again), in %.1fs",
+			rep.Jobs-given, plural(rep.Jobs, "job"), given, rep.Elapsed.Seconds())
+	}
 	if rep.Asynq == nil {
 		by := ""
 		if rep.Instances > 0 {
@@ -756,7 +805,7 @@ func (rep report) failures() string {
 	var b strings.Builder
 	lost := 0
 	for _, t := range rep.Tenants {
-		lost += t.Terms + t.MaxDeliver
+		lost += t.Terms + t.MaxDeliver + t.GivenUp
 	}
 	if lost > 0 {
 		// Lost jobs are unhandled too, but the broker gave up on them: the

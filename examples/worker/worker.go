@@ -155,6 +155,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
+	if err := checkCore(cfg); err != nil {
+		return report{}, err
+	}
 	if cfg.Instances > 1 {
 		return workInstances(ctx, cfg, stdout, jf, q, spec, fs, ps)
 	}
@@ -242,11 +245,19 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	tracer := tp.Tracer(scopeName)
 	w := &worker{rec: rec, tracer: tracer, reserved: newReservedIDs(), work: cfg.Work, partner: ps.client}
 	lim.rejected = w.reserved.set
-	stopConsumer, err := consume(ns.source, cfg, jf.weight, gate, inf, w, tp)
-	if err != nil {
-		return report{}, err
+	stopConsumer := func() {}
+	var core *coreSender
+	if cfg.Core {
+		if _, err := consumeCore(nc, cfg, gate, w, rec, &cl); err != nil {
+			return report{}, err
+		}
+		core = &coreSender{nc: nc, requests: jf.Requests, timeout: cfg.CoreMaxWait + 5*time.Second, answers: &coreRequests{}}
+	} else {
+		if stopConsumer, err = consume(ns.source, cfg, jf.weight, gate, inf, w, tp); err != nil {
+			return report{}, err
+		}
+		cl.add(stopConsumer)
 	}
-	cl.add(stopConsumer)
 
 	fmt.Fprintf(out, "replaying %s from %s over %.1fs into NATS %s (%s); %s, %s%s%s\n",
 		plural(len(jf.Jobs), "job"), plural(len(jf.tenants()), "tenant"), jf.Jobs[len(jf.Jobs)-1].at().Seconds(), natsName, nc.ConnectedUrl(), limName, q.text(),
@@ -272,7 +283,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	defer pcancel()
 	pubDone := make(chan error, 1)
 	go func() {
-		pubDone <- publish(pctx, js, tracer, propagation.TraceContext{}, jf.Jobs, start, rec, enqueue, out)
+		pubDone <- publish(pctx, js, core, tracer, propagation.TraceContext{}, jf.Jobs, start, rec, enqueue, out)
 	}()
 	var abort <-chan error
 	stopFaults := func() {}
@@ -309,6 +320,10 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	rep.InFlight = cfg.InFlight
 	rep.timeline.Handlers = cfg.Handlers
 	rep.natsConsumers = consumersName(cfg.Fair)
+	if core != nil {
+		core.answers.wg.Wait()
+		rep.Core, rep.Requests = true, core.answers
+	}
 	if hs, ok := lim.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}
@@ -912,13 +927,13 @@ const publishAttemptTimeout = 5 * time.Second
 // tenants' jobs back behind the dump and release them in a clump, over
 // their limits, which is not the trace. The first error stops every
 // tenant's publishing and is returned.
-func publish(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job, bool) error, out io.Writer) error {
+func publish(ctx context.Context, js jetstream.JetStream, core *coreSender, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job, bool) error, out io.Writer) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
 	for _, tenantJobs := range jobsByTenant(jobs) {
 		wg.Go(func() {
-			if err := publishInOrder(ctx, js, tracer, prop, tenantJobs, start, rec, enqueue, out); err != nil {
+			if err := publishInOrder(ctx, js, core, tracer, prop, tenantJobs, start, rec, enqueue, out); err != nil {
 				cancel(err)
 			}
 		})
@@ -944,7 +959,7 @@ func jobsByTenant(jobs []job) [][]job {
 }
 
 // publishInOrder is publish for jobs one after another, in their order.
-func publishInOrder(ctx context.Context, js jetstream.JetStream, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job, bool) error, out io.Writer) error {
+func publishInOrder(ctx context.Context, js jetstream.JetStream, core *coreSender, tracer trace.Tracer, prop propagation.TextMapPropagator, jobs []job, start time.Time, rec *recorder, enqueue func(context.Context, job, bool) error, out io.Writer) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
@@ -967,6 +982,15 @@ func publishInOrder(ctx context.Context, js jetstream.JetStream, tracer trace.Tr
 		msg.Data = data
 		msg.Header.Set(jetstream.MsgIDHeader, j.ID)
 		prop.Inject(sctx, natsthrottle.HeaderCarrier(msg.Header))
+		if core != nil { // -core: no retries, no acks (core NATS has neither)
+			err := core.send(msg, j.Tenant)
+			span.End()
+			if err != nil {
+				return fmt.Errorf("job %s: %w", j.ID, err)
+			}
+			rec.published(j.Tenant, j.ID, 0)
+			continue
+		}
 		failures, err := retry(ctx, func(ctx context.Context, n int) error {
 			pctx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
 			defer cancel()
