@@ -225,18 +225,10 @@ func (c *Core) Handle(m *nats.Msg) {
 		c.giveUp(m, key, cost, "", "closed", 0, nil)
 		return
 	}
-	arrived := time.Now()
+	deadline := time.Now().Add(c.cfg.maxWait)
 	id := c.prefix + strconv.FormatUint(c.seq.Add(1), 36)
-	d, err := c.gate.AdmitID(context.Background(), key, cost, id)
-	switch {
-	case err != nil:
-		c.giveUp(m, key, cost, id, "invalid", 0, err)
-		return
-	case d.Allowed:
-		c.next(m)
-		return
-	case d.RetryAfter > c.cfg.maxWait:
-		c.giveUp(m, key, cost, id, "max wait", d.RetryAfter, nil)
+	retry, waits := c.settle(m, key, cost, id, deadline)
+	if !waits {
 		return
 	}
 	c.mu.Lock()
@@ -246,13 +238,31 @@ func (c *Core) Handle(m *nats.Msg) {
 			reason = "closed"
 		}
 		c.mu.Unlock()
-		c.giveUp(m, key, cost, id, reason, d.RetryAfter, nil)
+		c.giveUp(m, key, cost, id, reason, retry, nil)
 		return
 	}
 	c.waiting[key]++
 	c.wg.Add(1)
 	c.mu.Unlock()
-	go c.wait(m, key, cost, id, arrived.Add(c.cfg.maxWait), d.RetryAfter)
+	go c.wait(m, key, cost, id, deadline, retry)
+}
+
+// settle decides m by id and acts on it, unless it is to wait: it runs the
+// handler when admitted, and gives m up when it can never be admitted or
+// its slot lies beyond deadline. Otherwise it returns the wait.
+func (c *Core) settle(m *nats.Msg, key string, cost int, id string, deadline time.Time) (retry time.Duration, waits bool) {
+	d, err := c.gate.AdmitID(context.Background(), key, cost, id)
+	switch {
+	case err != nil:
+		c.giveUp(m, key, cost, id, "invalid", 0, err)
+	case d.Allowed:
+		c.next(m)
+	case time.Now().Add(d.RetryAfter).After(deadline):
+		c.giveUp(m, key, cost, id, "max wait", d.RetryAfter, nil)
+	default:
+		return d.RetryAfter, true
+	}
+	return 0, false
 }
 
 // wait is the life of a refused message until it runs or is given up.
@@ -274,19 +284,10 @@ func (c *Core) wait(m *nats.Msg, key string, cost int, id string, deadline time.
 			return
 		case <-t.C:
 		}
-		d, err := c.gate.AdmitID(context.Background(), key, cost, id)
-		switch {
-		case err != nil:
-			c.giveUp(m, key, cost, id, "invalid", 0, err)
-			return
-		case d.Allowed:
-			c.next(m)
-			return
-		case time.Now().Add(d.RetryAfter).After(deadline):
-			c.giveUp(m, key, cost, id, "max wait", d.RetryAfter, nil)
+		var waits bool
+		if retry, waits = c.settle(m, key, cost, id, deadline); !waits {
 			return
 		}
-		retry = d.RetryAfter
 	}
 }
 
