@@ -90,6 +90,8 @@ type coreConfig struct {
 	maxWaiting int
 	onError    func(*nats.Msg, error)
 	logger     *slog.Logger
+	inFlight   throttle.InFlightLimiter
+	lease      time.Duration
 }
 
 // WithCoreKeyFunc sets the message's key (default: its subject).
@@ -119,6 +121,18 @@ func WithCoreMaxWaiting(n int) CoreOption { return func(c *coreConfig) { c.maxWa
 // an error wrapping nats.ErrSlowConsumer).
 func WithCoreErrorHandler(f func(*nats.Msg, error)) CoreOption {
 	return func(c *coreConfig) { c.onError = f }
+}
+
+// WithCoreInFlight adds an in-flight limit (see WithInFlight): a message
+// holds a slot of its key in l, under lease (renewed every third of it
+// while the handler runs, released when it returns), before the Gate
+// decides it, so a message refused a slot is never charged by the rate;
+// refused, it waits for the refusal's RetryAfter like a rate rejection,
+// within the same bounds. When l fails, the Gate's failure policy decides:
+// FailOpen runs the handler without a slot, FailClosed waits. lease must
+// be > 0.
+func WithCoreInFlight(l throttle.InFlightLimiter, lease time.Duration) CoreOption {
+	return func(c *coreConfig) { c.inFlight, c.lease = l, lease }
 }
 
 // WithCoreLogger logs the give-ups and slow-consumer reports.
@@ -192,6 +206,8 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 		return nil, &throttle.OptionError{Field: "WithCoreMaxWait", Reason: fmt.Sprintf("must be >= 0, got %v", cfg.maxWait)}
 	case cfg.maxWaiting < 0:
 		return nil, &throttle.OptionError{Field: "WithCoreMaxWaiting", Reason: fmt.Sprintf("must be >= 0, got %d", cfg.maxWaiting)}
+	case cfg.inFlight != nil && cfg.lease <= 0:
+		return nil, &throttle.OptionError{Field: "WithCoreInFlight", Reason: fmt.Sprintf("the lease must be > 0, got %v", cfg.lease)}
 	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -244,29 +260,92 @@ func (c *Core) Handle(m *nats.Msg) {
 	c.waiting[key]++
 	c.wg.Add(1)
 	c.mu.Unlock()
-	go c.wait(m, key, cost, id, deadline, retry)
+	go c.waitOut(m, key, cost, id, deadline, retry)
 }
 
 // settle decides m by id and acts on it, unless it is to wait: it runs the
 // handler when admitted, and gives m up when it can never be admitted or
 // its slot lies beyond deadline. Otherwise it returns the wait.
 func (c *Core) settle(m *nats.Msg, key string, cost int, id string, deadline time.Time) (retry time.Duration, waits bool) {
-	d, err := c.gate.AdmitID(context.Background(), key, cost, id)
+	ctx := context.Background()
+	slot := false // holds an in-flight slot
+	if c.cfg.inFlight != nil {
+		s, err := c.cfg.inFlight.Acquire(ctx, key, id, c.cfg.lease)
+		switch {
+		case err != nil:
+			c.report(m, fmt.Errorf("natsthrottle: in-flight slot of %s (key %q): %w", m.Subject, key, err))
+			if c.gate.Policy() != throttle.FailOpen {
+				s = throttle.Decision{RetryAfter: time.Second}
+			} else {
+				s = throttle.Decision{Allowed: true}
+			}
+		case s.Allowed:
+			slot = true
+		}
+		if !s.Allowed {
+			return c.wait(m, key, cost, id, deadline, s.RetryAfter)
+		}
+	}
+	d, err := c.gate.AdmitID(ctx, key, cost, id)
+	if slot && (err != nil || !d.Allowed) {
+		c.release(m, key, id)
+	}
 	switch {
 	case err != nil:
 		c.giveUp(m, key, cost, id, "invalid", 0, err)
 	case d.Allowed:
-		c.next(m)
-	case time.Now().Add(d.RetryAfter).After(deadline):
-		c.giveUp(m, key, cost, id, "max wait", d.RetryAfter, nil)
+		c.run(m, key, id, slot)
 	default:
-		return d.RetryAfter, true
+		return c.wait(m, key, cost, id, deadline, d.RetryAfter)
 	}
 	return 0, false
 }
 
-// wait is the life of a refused message until it runs or is given up.
-func (c *Core) wait(m *nats.Msg, key string, cost int, id string, deadline time.Time, retry time.Duration) {
+// wait is settle's answer for a message refused for retry: wait, unless
+// that goes beyond deadline (the message is then given up).
+func (c *Core) wait(m *nats.Msg, key string, cost int, id string, deadline time.Time, retry time.Duration) (time.Duration, bool) {
+	if time.Now().Add(retry).After(deadline) {
+		c.giveUp(m, key, cost, id, "max wait", retry, nil)
+		return 0, false
+	}
+	return retry, true
+}
+
+// run runs the handler for m; with slot, renewing its in-flight slot every
+// third of the lease until it returns, then releasing it.
+func (c *Core) run(m *nats.Msg, key, id string, slot bool) {
+	if !slot {
+		c.next(m)
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(c.cfg.lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := c.cfg.inFlight.Renew(context.Background(), key, id, c.cfg.lease); err != nil {
+					c.report(m, fmt.Errorf("natsthrottle: renew the in-flight slot of %s (key %q): %w", m.Subject, key, err))
+				}
+			}
+		}
+	}()
+	defer c.release(m, key, id)
+	defer close(done)
+	c.next(m)
+}
+
+func (c *Core) release(m *nats.Msg, key, id string) {
+	if err := c.cfg.inFlight.Release(context.Background(), key, id); err != nil {
+		c.report(m, fmt.Errorf("natsthrottle: release the in-flight slot of %s (key %q): %w", m.Subject, key, err))
+	}
+}
+
+// waitOut is the life of a refused message until it runs or is given up.
+func (c *Core) waitOut(m *nats.Msg, key string, cost int, id string, deadline time.Time, retry time.Duration) {
 	defer c.wg.Done()
 	defer func() {
 		c.mu.Lock()

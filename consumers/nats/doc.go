@@ -101,7 +101,8 @@
 // otherwise given up, never silently: a request gets an error reply at once
 // (Nats-Service-Error-Code 429, Nats-Service-Error, Retry-After), and
 // every give-up goes to the error handler, the logger and a counter. The
-// Core reports the messages NATS drops from a slow subscription.
+// Core reports the messages NATS drops from a slow subscription;
+// WithCoreInFlight adds an in-flight limit.
 //
 // # Configuration errors
 //
