@@ -28,18 +28,15 @@ package adaptive
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"fmt"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
+	"github.com/queuethrottle/queuethrottle/internal/uniqueid"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -74,8 +71,7 @@ type Limit struct {
 	floor   int
 	refresh time.Duration
 	replan  func(ctx context.Context, key string) // after a decrease this process made
-	member  string                                // this process's, for the accepted calls' members
-	seq     atomic.Uint64
+	members *uniqueid.Source                      // the accepted calls' members
 
 	mu   sync.Mutex
 	keys map[string]*keyState
@@ -132,11 +128,10 @@ func NewRedis(client redis.Scripter, ceiling throttle.Rate, floor int, opts ...O
 	if l.refresh <= 0 {
 		return nil, &throttle.OptionError{Field: "WithRefresh", Reason: fmt.Sprintf("must be > 0, got %v", l.refresh)}
 	}
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	var err error
+	if l.members, err = uniqueid.New(""); err != nil {
 		return nil, err
 	}
-	l.member = hex.EncodeToString(b[:]) + ":"
 	return l, nil
 }
 
@@ -164,8 +159,7 @@ func (l *Limit) Limit(key string) int { return l.Quota(key).Rate.Count }
 func (l *Limit) Accepted(ctx context.Context, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	member := l.member + strconv.FormatUint(l.seq.Add(1), 36)
-	if err := acceptedScript.Run(ctx, l.client, []string{l.key(key, ":ok")}, l.perUS(), member).Err(); err != nil {
+	if err := acceptedScript.Run(ctx, l.client, []string{l.key(key, ":ok")}, l.perUS(), l.members.Next()).Err(); err != nil {
 		return fmt.Errorf("adaptive: redis: %w", err)
 	}
 	return nil

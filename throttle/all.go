@@ -2,14 +2,12 @@ package throttle
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/uniqueid"
 )
 
 // Part is one limit of a stacked limit (see [All]): a Limiter and the key
@@ -146,7 +144,8 @@ func All(parts ...Part) (Limiter, error) {
 		}
 	}
 	a.algorithm = "all(" + strings.Join(names, ",") + ")"
-	if err := a.ids.init(); err != nil {
+	var err error
+	if a.ids, err = uniqueid.New("all:"); err != nil {
 		return nil, fmt.Errorf("throttle: All: request ids: %w", err)
 	}
 	switch {
@@ -177,10 +176,10 @@ type peeker interface {
 type all struct {
 	parts     []allPart // in asking order: the part that cannot give back last
 	algorithm string
-	ids       requestIDs
-	joint     *jointParts // nil: the parts cannot be decided in one step
-	slotless  string      // the first part that is not a SlotLimiter ("": none)
-	clock     Clock       // the first part's that has one, else SystemClock: AllowID's slots
+	ids       *uniqueid.Source // All's requests, for the parts' AllowID and Refund
+	joint     *jointParts      // nil: the parts cannot be decided in one step
+	slotless  string           // the first part that is not a SlotLimiter ("": none)
+	clock     Clock            // the first part's that has one, else SystemClock: AllowID's slots
 }
 
 type allPeek struct{ *all }
@@ -231,7 +230,7 @@ func (a *all) AllowN(ctx context.Context, key string, n int) (Decision, error) {
 		var err error
 		if p.refunder != nil {
 			if id == "" {
-				id = a.ids.next()
+				id = a.ids.Next()
 			}
 			d, err = p.refunder.AllowID(ctx, k, n, id, 0)
 		} else {
@@ -271,7 +270,7 @@ func (a *all) ask(ctx context.Context, p *allPart, k string, n int, id *string, 
 		return
 	}
 	if *id == "" {
-		*id = a.ids.next()
+		*id = a.ids.Next()
 	}
 	d, err := p.refunder.AllowID(ctx, k, n, *id, 0)
 	if err != nil {
@@ -347,29 +346,6 @@ func (c *combined) decision() Decision {
 		ResetAfter: c.reset.ResetAfter,
 		Source:     c.reset.Source,
 	}
-}
-
-// requestIDs names All's requests for the parts' AllowID and Refund:
-// "all:" + a random 64-bit id per All in hex + ":" + a counter in base 36,
-// unique across processes and goroutines.
-type requestIDs struct {
-	prefix string
-	seq    atomic.Uint64
-}
-
-func (r *requestIDs) init() error {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return err
-	}
-	r.prefix = "all:" + hex.EncodeToString(b[:]) + ":"
-	return nil
-}
-
-func (r *requestIDs) next() string {
-	var buf [4 + 17 + 13]byte
-	b := append(buf[:0], r.prefix...)
-	return string(strconv.AppendUint(b, r.seq.Add(1), 36))
 }
 
 // Pause pauses key for d in every part that is a Pauser, at the part's key

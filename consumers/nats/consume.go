@@ -124,7 +124,7 @@ func (h *Handler) Consume(c jetstream.Consumer) (jetstream.ConsumeContext, error
 			}
 		},
 		empty:  func() {},
-		report: func(err error) { h.reportConsume(err) },
+		report: func(err error) { h.reportPull(fmt.Errorf("natsthrottle: Consume: %w", err)) },
 	}
 	// A request in flight ends with Stop, or when Drain has let it hand
 	// over what it pulled (at most fetchWait later).
@@ -137,9 +137,9 @@ func (h *Handler) Consume(c jetstream.Consumer) (jetstream.ConsumeContext, error
 	return cc, nil
 }
 
-// reportConsume reports a failed pull of Handler.Consume.
-func (h *Handler) reportConsume(err error) {
-	err = fmt.Errorf("natsthrottle: Consume: %w", err)
+// reportPull passes a failed pull (Consume, ConsumeByKey) to the error
+// handler and the logger.
+func (h *Handler) reportPull(err error) {
 	if h.cfg.onError != nil {
 		h.cfg.onError(nil, err)
 	}

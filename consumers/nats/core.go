@@ -2,8 +2,6 @@ package natsthrottle
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/queuethrottle/queuethrottle/internal/uniqueid"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -162,23 +161,23 @@ func WithCoreLogger(l *slog.Logger) CoreOption { return func(c *coreConfig) { c.
 // A message waiting here counts against the subscription's pending limits
 // only while the callback has not returned, which it does at once; a
 // handler slower than the messages arrive fills them, and NATS then drops
-// messages (a slow consumer). The Core reports each such drop it sees (the
-// subscription's Dropped count, checked at every message).
+// messages (a slow consumer). The Core reports the drops it sees (the
+// subscription's Dropped count, looked at every 100 ms as messages come).
 type Core struct {
 	next nats.MsgHandler
 	gate *throttle.Gate
 	cfg  coreConfig
 
-	prefix string
-	seq    atomic.Uint64
+	ids *uniqueid.Source // every message an id of its own
 
-	mu      sync.Mutex
-	waiting map[string]int
-	closed  bool
-	dropped map[*nats.Subscription]int
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	givenUp atomic.Int64
+	mu        sync.Mutex
+	waiting   map[string]int
+	closed    bool
+	dropped   map[*nats.Subscription]int
+	watchedAt atomic.Int64 // ns (time.Now().UnixNano()): the last look at the drops
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	givenUp   atomic.Int64
 }
 
 // NewCore returns a Core running next for the messages g admits. Errors
@@ -209,11 +208,11 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 	case cfg.inFlight != nil && cfg.lease <= 0:
 		return nil, &throttle.OptionError{Field: "WithCoreInFlight", Reason: fmt.Sprintf("the lease must be > 0, got %v", cfg.lease)}
 	}
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	ids, err := uniqueid.New("core:")
+	if err != nil {
 		return nil, err
 	}
-	return &Core{next: next, gate: g, cfg: cfg, prefix: "core:" + hex.EncodeToString(b[:]) + ":",
+	return &Core{next: next, gate: g, cfg: cfg, ids: ids,
 		waiting: map[string]int{}, dropped: map[*nats.Subscription]int{}, stop: make(chan struct{})}, nil
 }
 
@@ -242,7 +241,7 @@ func (c *Core) Handle(m *nats.Msg) {
 		return
 	}
 	deadline := time.Now().Add(c.cfg.maxWait)
-	id := c.prefix + strconv.FormatUint(c.seq.Add(1), 36)
+	id := c.ids.Next()
 	retry, waits := c.settle(m, key, cost, id, deadline)
 	if !waits {
 		return
@@ -400,10 +399,15 @@ func (c *Core) giveUp(m *nats.Msg, key string, cost int, id, reason string, retr
 	}
 }
 
+// watchEvery spaces the looks at a subscription's drops: each takes the
+// subscription's lock and the Core's.
+const watchEvery = 100 * time.Millisecond
+
 // watch reports the messages NATS dropped from m's subscription since the
-// last message (a slow consumer).
+// last look (a slow consumer), at most every watchEvery.
 func (c *Core) watch(m *nats.Msg) {
-	if m.Sub == nil {
+	now := time.Now().UnixNano()
+	if last := c.watchedAt.Load(); m.Sub == nil || now-last < int64(watchEvery) || !c.watchedAt.CompareAndSwap(last, now) {
 		return
 	}
 	n, err := m.Sub.Dropped()

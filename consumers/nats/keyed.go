@@ -313,12 +313,7 @@ func (kc *KeyedConsumer) report(err error) {
 	}
 	err = fmt.Errorf("natsthrottle: ConsumeByKey: %w", err)
 	kc.lastErr.Store(&err)
-	if kc.h.cfg.onError != nil {
-		kc.h.cfg.onError(nil, err)
-	}
-	if kc.h.cfg.logger != nil {
-		kc.h.cfg.logger.Error("natsthrottle: consumer error", "error", err)
-	}
+	kc.h.reportPull(err)
 }
 
 // discover lists the keys now and then every DiscoverInterval, or every

@@ -549,7 +549,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	}
 	partnerFinal := pset.Budget.Count
 	if pset.Budget.Count > 0 {
-		if _, pset.adapt, err = newPartnerLimit(pset, rc, prefix, spec.timeout()); err != nil {
+		if pset.adapt, err = newAdaptive(pset, rc, prefix); err != nil { // to read the limit it reached
 			return report{}, err
 		}
 		partnerFinal = pset.finalLimit(ctx)

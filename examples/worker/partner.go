@@ -91,13 +91,18 @@ func newPartnerLimit(ps partnerSettings, rc *redis.Client, prefix string, timeou
 		return l, nil, err
 	}
 	var l *window.Redis
-	replan := func(ctx context.Context, key string) { l.DropReservations(ctx, key) }
-	ad, err := adaptive.NewRedis(rc, ps.Budget, max(1, ps.Budget.Count/100), adaptive.WithPrefix(prefix+"adaptive:"), adaptive.WithReplan(replan))
+	ad, err := newAdaptive(ps, rc, prefix, adaptive.WithReplan(func(ctx context.Context, key string) { l.DropReservations(ctx, key) }))
 	if err != nil {
 		return nil, nil, err
 	}
 	l, err = window.NewRedis(rc, ps.Budget, window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout), window.WithQuotas(ad.Quota))
 	return l, ad, err
+}
+
+// newAdaptive returns -partner's adaptive limit, its state in Redis under
+// prefix: every process of the run shares it.
+func newAdaptive(ps partnerSettings, rc *redis.Client, prefix string, opts ...adaptive.Option) (*adaptive.Limit, error) {
+	return adaptive.NewRedis(rc, ps.Budget, max(1, ps.Budget.Count/100), append([]adaptive.Option{adaptive.WithPrefix(prefix + "adaptive:")}, opts...)...)
 }
 
 // partnerServer is -partner-quota: the downstream every handler calls once
