@@ -5,17 +5,23 @@
 // A Limit is a throttle.QuotaFunc (Quota): give it to the limiter on the
 // partner's key (window.WithQuotas, bucket.WithQuotas), and tell it what
 // the partner answered: Accepted for a call it accepted, Rejected for a
-// 429. Each key starts at the ceiling. The first 429 of a congestion event
+// 429. Each key starts at the ceiling (its first window paced in tenths,
+// see Quota). The first 429 of a congestion event
 // (none within one Per of the last decrease) sets the limit to an
 // estimate of the partner's quota: the calls it accepted in the last Per,
 // every process's, since a partner that counts in windows accepted exactly
 // its quota in the window where its 429s began; less a margin (5 %), never
 // below the floor, never above the limit then in force. After a hold of
 // two windows without a decrease, the limit grows by 2 % of the estimate
-// per Per, up to the ceiling, so that a partner whose quota grows is found
-// again; each overshoot costs the few calls of one window. A saw-tooth
-// that halves (throttle.AIMD) averages about 0.75 of the quota; this one
-// stays within the margin of it.
+// per Per back to the estimate, then probes beyond it, slowly near it and
+// faster away from it (as TCP CUBIC does near its last maximum): the
+// excess is 0.02 % of the estimate times the square of the windows since
+// it passed the estimate (one more call of 25 after 14 windows, twice the
+// estimate after 70), up to the ceiling. So a partner whose quota grows
+// is found again, and one whose quota stays is probed past it about once
+// every 16 windows; each overshoot costs the few calls of one 429 and its
+// Retry-After. A saw-tooth that halves (throttle.AIMD) averages about
+// 0.75 of the quota; this one stays within the margin of it.
 //
 // The state is a hash in Redis beside the accepted calls (a sorted set),
 // prefix + "{" + escaped key + "}" + ":state" and ":ok", in one Redis
@@ -57,9 +63,11 @@ const (
 	DefaultRefresh = 100 * time.Millisecond
 	marginPerMille = 50              // taken off the estimate
 	holdWindows    = 2               // windows without a decrease before the limit grows
-	growPerWindow  = 0.02            // of the estimate, per window, once it grows
+	growPerWindow  = 0.02            // of the estimate, per window, once it grows, up to the estimate
+	probeGrowth    = 0.0002          // of the estimate, per window squared, beyond it
 	stateKeep      = time.Hour       // the state's life without a 429
 	callTimeout    = 2 * time.Second // each Redis call, unless ctx ends first
+	firstSplit     = 10              // the first window is paced in this many parts
 )
 
 // Limit is an adaptive limit per key (see the package documentation). It
@@ -84,6 +92,7 @@ type keyState struct {
 	decreased int64 // µs, Redis's clock: the last decrease
 	redisNow  int64 // µs, Redis's clock, when fetched
 	fetched   time.Time
+	first     time.Time // this process's first Quota of the key
 	fetching  bool
 	known     bool // the state existed: a loss restarts from it
 }
@@ -136,23 +145,49 @@ func NewRedis(client redis.Scripter, ceiling throttle.Rate, floor int, opts ...O
 }
 
 // Quota returns key's limit now, as a throttle.QuotaFunc: the state read
-// at most WithRefresh ago, with the growth since. A read that is due runs
-// on a goroutine of its own, so Quota never waits for Redis.
+// at most WithRefresh ago, with the growth since. Before any decrease, a
+// key's first Per in this process is paced: Count/10 per Per/10 (a
+// ceiling of 10 or more), which admits no more than the ceiling in any
+// Per and no burst of it at once, so that a partner whose quota is below
+// the ceiling answers its first 429 after a few calls, not a burst. A
+// read that is due runs on a goroutine of its own, so Quota never waits
+// for Redis.
 func (l *Limit) Quota(key string) throttle.Quota {
+	c, paced := l.limit(key)
+	if paced {
+		return throttle.Quota{Rate: throttle.Rate{Count: c / firstSplit, Per: l.ceiling.Per / firstSplit}}
+	}
+	return throttle.Quota{Rate: throttle.Rate{Count: c, Per: l.ceiling.Per}}
+}
+
+// Limit returns key's Count per the ceiling's Per now (see Quota; in the
+// paced first window, the ceiling's Count).
+func (l *Limit) Limit(key string) int {
+	c, _ := l.limit(key)
+	return c
+}
+
+// limit returns key's Count per the ceiling's Per now, and whether its
+// first window paces it (see Quota), starting a read when one is due.
+func (l *Limit) limit(key string) (int, bool) {
 	now := time.Now()
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	k := l.state(key)
 	if now.Sub(k.fetched) >= l.refresh && !k.fetching {
 		k.fetching = true
 		go l.fetch(key)
 	}
-	c := l.current(k, now)
-	l.mu.Unlock()
-	return throttle.Quota{Rate: throttle.Rate{Count: c, Per: l.ceiling.Per}}
+	if k.limit < 0 && l.ceiling.Count >= firstSplit {
+		if k.first.IsZero() {
+			k.first = now
+		}
+		if now.Sub(k.first) < l.ceiling.Per {
+			return l.ceiling.Count, true
+		}
+	}
+	return l.current(k, now), false
 }
-
-// Limit returns key's Count per the ceiling's Per now (see Quota).
-func (l *Limit) Limit(key string) int { return l.Quota(key).Rate.Count }
 
 // Accepted records a call for key that the partner accepted. Errors are
 // Redis's or ctx's, wrapped as "adaptive: redis: ...".
@@ -261,17 +296,26 @@ func (l *Limit) set(k *keyState, limit, estimate, decreased, now int64) {
 	k.known = k.known || limit >= 0
 }
 
-// current is k's limit at t, under l.mu: the last decrease's, grown by
-// growPerWindow of the estimate per window after holdWindows.
+// current is k's limit at t, under l.mu: the last decrease's, after
+// holdWindows grown by growPerWindow of the estimate per window up to the
+// estimate, then by probeGrowth of it times the square of the windows
+// since it passed the estimate.
 func (l *Limit) current(k *keyState, t time.Time) int {
 	if k.limit < 0 {
 		return l.ceiling.Count
 	}
 	per := l.ceiling.Per.Microseconds()
-	since := k.redisNow + t.Sub(k.fetched).Microseconds() - k.decreased - holdWindows*per
+	windows := float64(k.redisNow+t.Sub(k.fetched).Microseconds()-k.decreased-holdWindows*per) / float64(per)
 	c := float64(k.limit)
-	if since > 0 {
-		c += growPerWindow * float64(max(k.estimate, l.floor)) * float64(since) / float64(per)
+	if windows > 0 {
+		e := float64(max(k.estimate, l.floor))
+		toEstimate := max(0, (e-c)/(growPerWindow*e)) // windows
+		if windows <= toEstimate {
+			c += growPerWindow * e * windows
+		} else {
+			past := windows - toEstimate
+			c = max(c, e) + probeGrowth*e*past*past
+		}
 	}
 	return max(l.floor, min(l.ceiling.Count, int(c)))
 }

@@ -66,7 +66,8 @@ func TestOneDecreasePerEvent(t *testing.T) {
 }
 
 // TestGrowsBackAndSurvivesLoss: after two windows without a decrease the
-// limit grows by 2 % of the estimate per window, up to the ceiling; when
+// limit grows by 2 % of the estimate per window back to the estimate,
+// then beyond it by 0.02 % of it times the square of the windows; when
 // the state is lost (FLUSHALL), a process that knew it writes it back:
 // the limit resumes from the estimate, not the ceiling.
 func TestGrowsBackAndSurvivesLoss(t *testing.T) {
@@ -87,10 +88,14 @@ func TestGrowsBackAndSurvivesLoss(t *testing.T) {
 	if got := l.Limit("p"); got != first {
 		t.Fatalf("within the hold: %d, want %d", got, first)
 	}
-	time.Sleep(600 * time.Millisecond) // about 5 windows past the hold: +2 per window
+	time.Sleep(600 * time.Millisecond) // about 5 windows past the hold: +2 per window to the estimate, then barely more
+	if got := l.Limit("p"); got < 99 || got > 101 {
+		t.Fatalf("after ~5 windows of growth: %d, want about the estimate 100 (+2 per window to it, then 0.02 %% of it per window squared)", got)
+	}
+	time.Sleep(1500 * time.Millisecond) // about 17 windows past the estimate: 100 × 0.0002 × 17² ≈ 6 more
 	grown := l.Limit("p")
-	if grown < first+6 || grown > first+14 {
-		t.Fatalf("after ~5 windows of growth: %d, want about %d", grown, first+10)
+	if grown < 103 || grown > 120 {
+		t.Fatalf("17 windows past the estimate: %d, want about 106: the probe beyond it grows with the square of the time", grown)
 	}
 	srv.FlushAll(t)
 	if got, err := l.Read(ctx, "p"); err != nil || got > grown+2 || got < first {
@@ -149,5 +154,41 @@ func TestLossThenRejected(t *testing.T) {
 	}
 	if got, err := b.Read(ctx, "p"); err != nil || got != 95 {
 		t.Fatalf("the other process reads %d, %v; want 95", got, err)
+	}
+}
+
+// TestFirstWindowPaced: before any decrease, a key's first window is
+// paced in tenths (Count/10 per Per/10: no burst of the whole ceiling),
+// Limit still says the ceiling, a 429 in it decreases from the ceiling
+// (not from the tenth), and after the first window a key without a
+// decrease has the whole ceiling per Per.
+func TestFirstWindowPaced(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	ceiling := throttle.Rate{Count: 100, Per: 200 * time.Millisecond}
+	l, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	paced := throttle.Quota{Rate: throttle.Rate{Count: 10, Per: 20 * time.Millisecond}}
+	if q := l.Quota("p"); q != paced {
+		t.Fatalf("first window: %+v, want %+v", q, paced)
+	}
+	if got := l.Limit("p"); got != 100 {
+		t.Fatalf("first window: Limit %d, want the ceiling 100", got)
+	}
+	accept(t, l, "p", 30)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 28 {
+		t.Fatalf("429 in the first window: %d, %v; want 28 (30 accepted less 5 %%), not capped at the paced 10", got, err)
+	}
+	if q := l.Quota("q"); q != paced {
+		t.Fatalf("another key's first window: %+v, want %+v", q, paced)
+	}
+	time.Sleep(ceiling.Per + 20*time.Millisecond)
+	if q := l.Quota("q"); q.Rate != ceiling {
+		t.Fatalf("after the first window: %+v, want the ceiling %v", q, ceiling)
+	}
+	if q := l.Quota("p"); q.Rate.Count != 28 || q.Rate.Per != ceiling.Per {
+		t.Fatalf("the decreased key: %+v, want 28 per %v", q, ceiling.Per)
 	}
 }

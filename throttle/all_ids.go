@@ -48,8 +48,20 @@ func allOf(l Limiter) *all {
 const slotRounds = 4
 
 // slotTolerance is how far before the latest slot a part's own may lie and
-// still count as that slot: RetryAfter is rounded up to the millisecond.
-const slotTolerance = time.Millisecond
+// still count as that slot. A part moved to a slot gets one no earlier than
+// the call's start plus the wait, on the store's clock when the call
+// arrives: later, by up to the call's time, than the others. A later
+// decision (the request back before its slot) sees the others early by as
+// much, and moving them would give up their places for a few ms (in a
+// full schedule, the next free slot is at its tail). So the tolerance is
+// the largest of a millisecond (RetryAfter is rounded up to it), twice the
+// slowest part call of this decision, and a fiftieth of the wait up to
+// 50 ms. A part's slot held that early is claimed that much late: at most
+// that much of one unit's time in its window, never an admission beyond
+// its limit (a claim is judged when it is made).
+func slotTolerance(wait, slowest time.Duration) time.Duration {
+	return max(time.Millisecond, 2*slowest, min(wait/50, 50*time.Millisecond))
+}
 
 // partSlot is what one part of an AllowID holds for the request. The part
 // decided at an instant within its call, on its own clock, so its slot
@@ -94,9 +106,11 @@ func (a *all) allowID(ctx context.Context, key string, n int, id string, horizon
 		// latest: no part's slot is after it; earliest: no part's slot
 		// of the latest kind is before it.
 		latest, earliest, allowed := slots[0].hi, slots[0].lo, true
+		var slowest time.Duration
 		for i := range slots {
 			latest, earliest = later(latest, slots[i].hi), later(earliest, slots[i].lo)
 			allowed = allowed && slots[i].d.Allowed
+			slowest = max(slowest, slots[i].hi.Sub(slots[i].lo))
 		}
 		if allowed {
 			return combine(slots, Decision{}), nil
@@ -111,9 +125,10 @@ func (a *all) allowID(ctx context.Context, key string, n int, id string, horizon
 			return combine(slots, Decision{RetryAfter: CeilMillisecond(max(wait, time.Millisecond))}), nil
 		}
 		moved := false
+		tolerance := slotTolerance(wait, slowest)
 		for i := range slots {
 			s := &slots[i]
-			early := s.d.Allowed || (s.d.Reserved && s.hi.Before(earliest.Add(-slotTolerance)))
+			early := s.d.Allowed || (s.d.Reserved && s.hi.Before(earliest.Add(-tolerance)))
 			if s.pinned || !early {
 				continue
 			}

@@ -359,3 +359,67 @@ func TestAllSameLimiterTwice(t *testing.T) {
 		t.Fatalf("All(w, w keyed global): %v", err)
 	}
 }
+
+// slowPart is a SlotLimiter whose store decides each AllowIDAfter a
+// latency after the call starts, on a fake clock: a round trip.
+type slowPart struct {
+	throttle.SlotLimiter
+	clock   *throttletest.Clock
+	latency time.Duration
+}
+
+func (s *slowPart) AllowIDAfter(ctx context.Context, key string, n int, id string, horizon, after time.Duration) (throttle.Decision, error) {
+	s.clock.Advance(s.latency)
+	return s.SlotLimiter.AllowIDAfter(ctx, key, n, id, horizon, after)
+}
+
+func (s *slowPart) Clock() throttle.Clock { return s.clock }
+
+// TestAllKeepsSlotsApartByLatency: a part moved to the latest slot over a
+// slow round trip gets one a little later than the others' (the store
+// decided after the call started). Back before its slot, the request keeps
+// every part's place: the others are early only by that latency, and
+// moving them would send them to the tail of a full schedule. Without the
+// tolerance, a request back early loses its place (here, by 2 s).
+func TestAllKeepsSlotsApartByLatency(t *testing.T) {
+	for _, fam := range allFamilies(t) {
+		t.Run(fam.name, func(t *testing.T) {
+			ctx := context.Background()
+			clock := throttletest.NewClock(throttletest.T0)
+			tenant := &slowPart{SlotLimiter: fam.window(t, throttle.Rate{Count: 10, Per: time.Second}, clock).(throttle.SlotLimiter), clock: clock}
+			partner := fam.window(t, throttle.Rate{Count: 2, Per: time.Second}, clock)
+			lim := stacked(t, tenant, partner).(throttle.IDLimiter)
+			allow := func(key, id string) throttle.Decision {
+				t.Helper()
+				d, err := lim.AllowID(ctx, key, 1, id, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			allow("b", "b1") // the partner is full until T0+1s
+			allow("b", "b2")
+			tenant.latency = 3 * time.Millisecond
+			first := allow("a", "m")
+			if !first.Reserved || first.RetryAfter < 990*time.Millisecond || first.RetryAfter > 1010*time.Millisecond {
+				t.Fatalf("m at T0: %+v; want its slot reserved at about T0+1s", first)
+			}
+			tenant.latency = 0
+			slot := clock.Now().Add(first.RetryAfter)
+			for _, id := range []string{"q1", "q2", "q3"} { // the partner's schedule after m is full
+				if d := allow("c", id); !d.Reserved {
+					t.Fatalf("%s: %+v; want a reservation", id, d)
+				}
+			}
+			clock.Set(slot.Add(-500 * time.Millisecond)) // m back before its slot
+			back := allow("a", "m")
+			if !back.Reserved || back.RetryAfter > 505*time.Millisecond {
+				t.Fatalf("m back 500ms early: %+v; want its slot kept (RetryAfter about 500ms), not a later one", back)
+			}
+			clock.Set(slot)
+			if d := allow("a", "m"); !d.Allowed {
+				t.Fatalf("m at its slot: %+v; want admitted", d)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -103,15 +104,24 @@ var replanLua string
 
 var replanScript = redis.NewScript(replanLua)
 
-// DropReservations drops key's reservations whose slots lie ahead, and
-// returns how many units it dropped: when the key's limit has gone down
-// (an adaptive partner limit after a 429), slots planned at the old pace
-// would keep the schedule overbooked. A request that held one is planned
-// again, as a new one, when it comes back. Admissions, and reservations
-// whose slot has come, stay. One script call (replan.lua) for every
-// process. Errors are Redis or context errors (bounded by WithTimeout),
-// wrapped as "window: redis: ...".
-func (l *Redis) DropReservations(ctx context.Context, key string) (int, error) {
+// Replan thins key's reservations ahead to its limit now, and returns how
+// many units it dropped: when the key's limit has gone down (a quota
+// lowered, an adaptive partner limit after a 429), slots planned at the
+// old pace would keep the schedule overbooked. In slot order, a
+// reservation stays when the window ending at its slot, with what was
+// admitted and the reservations kept before it, has room for it under
+// the limit now; the others go, each whole, and a request that held one
+// is planned again, as a new one, when it comes back. So a limit 8 %
+// lower drops about 8 % of them, the latest of each crowded window, and
+// the rest keep their places. Admissions, and reservations whose slot has
+// come, stay. One script call (replan.lua) for every process. Errors are
+// the quota's (see WithQuotas), or Redis or context errors (bounded by
+// WithTimeout), wrapped as "window: redis: ...".
+func (l *Redis) Replan(ctx context.Context, key string) (int, error) {
+	r, err := quotaOf(l.quotas, l.rate, key)
+	if err != nil {
+		return 0, err
+	}
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
@@ -119,17 +129,21 @@ func (l *Redis) DropReservations(ctx context.Context, key string) (int, error) {
 	if l.clock != nil {
 		now = strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
 	}
-	n, err := replanScript.Run(ctx, l.client, []string{k, k + hintSuffix}, now).Int()
+	n, err := replanScript.Run(ctx, l.client, []string{k, k + hintSuffix}, now, r.PerMicros(), r.Count).Int()
 	if err != nil {
 		return 0, fmt.Errorf("window: redis: %w", err)
 	}
 	return n, nil
 }
 
-// DropReservations drops key's reservations whose slots lie ahead, as
-// Redis.DropReservations does, and returns how many units it dropped.
-func (m *Memory) DropReservations(_ context.Context, key string) (int, error) {
-	now, _ := instant(m.clock.Now(), m.window)
+// Replan thins key's reservations ahead to its limit now, as Redis.Replan
+// does, and returns how many units it dropped. Errors are the quota's.
+func (m *Memory) Replan(_ context.Context, key string) (int, error) {
+	r, perUS, err := m.rateOf(key)
+	if err != nil {
+		return 0, err
+	}
+	now, window := instant(m.clock.Now(), perUS)
 	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -137,12 +151,29 @@ func (m *Memory) DropReservations(_ context.Context, key string) (int, error) {
 	if l == nil {
 		return 0, nil
 	}
-	dropped := 0
-	for i := len(l.es) - 1; i >= l.head; i-- {
-		if e := l.es[i]; e.reserved && e.at > now {
-			dropped += e.n
-			l.remove(i)
+	var drop []int // indexes in es, oldest first
+	kept := make([]entry, 0, len(l.es)-l.head)
+	first, sum := 0, 0
+	for i := l.head; i < len(l.es); i++ {
+		e := l.es[i]
+		if e.at <= now-window {
+			continue
 		}
+		for first < len(kept) && kept[first].at <= e.at-window {
+			sum -= kept[first].n
+			first++
+		}
+		if e.reserved && e.at > now && sum+e.n > r.Count {
+			drop = append(drop, i)
+			continue
+		}
+		kept = append(kept, e)
+		sum += e.n
+	}
+	dropped := 0
+	for _, i := range slices.Backward(drop) {
+		dropped += l.es[i].n
+		l.remove(i)
 	}
 	return dropped, nil
 }

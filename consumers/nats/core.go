@@ -170,14 +170,15 @@ type Core struct {
 
 	ids *uniqueid.Source // every message an id of its own
 
-	mu        sync.Mutex
-	waiting   map[string]int
-	closed    bool
-	dropped   map[*nats.Subscription]int
-	watchedAt atomic.Int64 // ns (time.Now().UnixNano()): the last look at the drops
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	givenUp   atomic.Int64
+	mu         sync.Mutex
+	waiting    map[string]int
+	closed     bool
+	dropped    map[*nats.Subscription]int
+	watchedAt  atomic.Int64 // ns (time.Now().UnixNano()): the last look at the drops
+	watchLater atomic.Bool  // a look at the drops is due when watchEvery has passed
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	givenUp    atomic.Int64
 }
 
 // NewCore returns a Core running next for the messages g admits. Errors
@@ -404,10 +405,26 @@ func (c *Core) giveUp(m *nats.Msg, key string, cost int, id, reason string, retr
 const watchEvery = 100 * time.Millisecond
 
 // watch reports the messages NATS dropped from m's subscription since the
-// last look (a slow consumer), at most every watchEvery.
+// last look (a slow consumer), at most every watchEvery; a look skipped as
+// too soon is made when the interval ends.
 func (c *Core) watch(m *nats.Msg) {
+	if m.Sub == nil {
+		return
+	}
 	now := time.Now().UnixNano()
-	if last := c.watchedAt.Load(); m.Sub == nil || now-last < int64(watchEvery) || !c.watchedAt.CompareAndSwap(last, now) {
+	at := c.watchedAt.Load()
+	if wait := int64(watchEvery) - (now - at); wait > 0 {
+		// Too soon: look again when the interval ends, so that drops
+		// after the last message to arrive are reported too.
+		if c.watchLater.CompareAndSwap(false, true) {
+			time.AfterFunc(time.Duration(wait), func() {
+				c.watchLater.Store(false)
+				c.watch(m)
+			})
+		}
+		return
+	}
+	if !c.watchedAt.CompareAndSwap(at, now) {
 		return
 	}
 	n, err := m.Sub.Dropped()

@@ -504,6 +504,11 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	rec.rateOf = rateOf
 	rec.weightOf = jf.weight
 	rec.horizon = cfg.Reservations
+	if pset.Budget.Count > 0 { // to follow the limit the processes adapt
+		if pset.adapt, err = newAdaptive(pset, rc, prefix); err != nil {
+			return report{}, err
+		}
+	}
 	var partner *partnerServer
 	if pset.Quota.Count > 0 {
 		if partner, err = startPartner(pset, start, &cl); err != nil {
@@ -547,13 +552,7 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	if !ok {
 		deliveries = int(ps.deliveries.Load()) // the server did not answer: what the processes saw
 	}
-	partnerFinal := pset.Budget.Count
-	if pset.Budget.Count > 0 {
-		if pset.adapt, err = newAdaptive(pset, rc, prefix); err != nil { // to read the limit it reached
-			return report{}, err
-		}
-		partnerFinal = pset.finalLimit(ctx)
-	}
+	partnerFinal := pset.finalLimit(ctx)
 	cl.run()
 	printStop(out, stopReason, info)
 	ps.errs.print(out, "error")

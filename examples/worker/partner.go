@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,28 +82,42 @@ func parsePartner(budget, quota, after string) (partnerSettings, error) {
 // every consumer and process, nil without -partner: in process without
 // Redis; with it, a window in Redis under prefix whose limit adapts to the
 // partner's 429s (adaptive.Limit, its state beside it, for every process),
-// starting at -partner and never below a hundredth of it.
+// starting at -partner and never below a hundredth of it. Its window is
+// guarded (see guarded).
 func newPartnerLimit(ps partnerSettings, rc *redis.Client, prefix string, timeout time.Duration) (throttle.Limiter, *adaptive.Limit, error) {
 	if ps.Budget.Count == 0 {
 		return nil, nil, nil
 	}
 	if rc == nil {
-		l, err := window.NewMemory(ps.Budget)
+		l, err := window.NewMemory(guarded(ps.Budget))
 		return l, nil, err
 	}
 	var l *window.Redis
-	ad, err := newAdaptive(ps, rc, prefix, adaptive.WithReplan(func(ctx context.Context, key string) { l.DropReservations(ctx, key) }))
+	ad, err := newAdaptive(ps, rc, prefix, adaptive.WithReplan(func(ctx context.Context, key string) { l.Replan(ctx, key) }))
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err = window.NewRedis(rc, ps.Budget, window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout), window.WithQuotas(ad.Quota))
+	l, err = window.NewRedis(rc, guarded(ps.Budget), window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout), window.WithQuotas(ad.Quota))
 	return l, ad, err
 }
 
+// guarded is r with its window longer by a fiftieth: the guard between our
+// window and the partner's. A call reaches the partner a little after the
+// limiter admitted it, later for some calls than others; a schedule that
+// is full admits a call exactly a window after the one whose place it
+// takes, so a call that travels faster than that one finds the partner's
+// window still full (a 429, and a pause of its Retry-After for everyone).
+// A window longer by g absorbs differences up to g (20 ms of 1 s) and
+// costs 2 % of the rate.
+func guarded(r throttle.Rate) throttle.Rate {
+	return throttle.Rate{Count: r.Count, Per: r.Per + r.Per/50}
+}
+
 // newAdaptive returns -partner's adaptive limit, its state in Redis under
-// prefix: every process of the run shares it.
+// prefix: every process of the run shares it. It counts in the guarded
+// window, as the limit it adapts.
 func newAdaptive(ps partnerSettings, rc *redis.Client, prefix string, opts ...adaptive.Option) (*adaptive.Limit, error) {
-	return adaptive.NewRedis(rc, ps.Budget, max(1, ps.Budget.Count/100), append([]adaptive.Option{adaptive.WithPrefix(prefix + "adaptive:")}, opts...)...)
+	return adaptive.NewRedis(rc, guarded(ps.Budget), max(1, ps.Budget.Count/100), append([]adaptive.Option{adaptive.WithPrefix(prefix + "adaptive:")}, opts...)...)
 }
 
 // partnerServer is -partner-quota: the downstream every handler calls once
@@ -117,8 +132,9 @@ type partnerServer struct {
 	win   *window.Memory
 	quota atomic.Pointer[throttle.Rate]
 
-	mu    sync.Mutex
-	calls []partnerCall
+	mu     sync.Mutex
+	calls  []partnerCall
+	limits []int // -partner's limit every plotStep from start (nil: no -partner)
 }
 
 // partnerCall is one call the partner answered, at an offset from start.
@@ -128,7 +144,8 @@ type partnerCall struct {
 }
 
 // startPartner serves the partner on a free loopback port until cl runs;
-// its quota follows ps.After from start on.
+// its quota follows ps.After from start on. With -partner it samples the
+// partner key's limit every plotStep (adapted, with ps.adapt).
 func startPartner(ps partnerSettings, start time.Time, cl *closers) (*partnerServer, error) {
 	p := &partnerServer{start: start}
 	p.quota.Store(&ps.Quota)
@@ -149,7 +166,9 @@ func startPartner(ps partnerSettings, start time.Time, cl *closers) (*partnerSer
 		rate := c.Rate
 		timers = append(timers, time.AfterFunc(time.Until(start.Add(c.At)), func() { p.quota.Store(&rate) }))
 	}
+	stopSampling := p.sampleLimit(ps)
 	cl.add(func() {
+		stopSampling()
 		for _, t := range timers {
 			t.Stop()
 		}
@@ -158,6 +177,42 @@ func startPartner(ps partnerSettings, start time.Time, cl *closers) (*partnerSer
 		p.srv.Shutdown(ctx)
 	})
 	return p, nil
+}
+
+// sampleLimit records -partner's limit every plotStep from the replay's
+// start until the returned func runs: the limit over time, for the report
+// and the plot.
+func (p *partnerServer) sampleLimit(ps partnerSettings) (stop func()) {
+	if ps.Budget.Count == 0 {
+		return func() {}
+	}
+	limit := func() int { return ps.Budget.Count }
+	if ps.adapt != nil {
+		limit = func() int { return ps.adapt.Limit(partnerKey) }
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-time.After(time.Until(p.start)):
+		case <-done:
+			return
+		}
+		t := time.NewTicker(plotStep)
+		defer t.Stop()
+		for {
+			p.mu.Lock()
+			for len(p.limits) <= int(time.Since(p.start)/plotStep) {
+				p.limits = append(p.limits, limit())
+			}
+			p.mu.Unlock()
+			select {
+			case <-t.C:
+			case <-done:
+				return
+			}
+		}
+	}()
+	return sync.OnceFunc(func() { close(done) })
 }
 
 func (p *partnerServer) serve(w http.ResponseWriter, r *http.Request) {
@@ -243,6 +298,50 @@ type partnerReport struct {
 	MaxInWindow  int   // most admissions on the partner key certainly inside any window of its period (-partner's, else 1 s)
 	AcceptedPerS []int // per whole second from the replay's t=0, to the last call
 	RejectedPerS []int
+	Limits       []int // -partner's limit every plotStep from t=0 (nil without it)
+	calls        []partnerCall
+}
+
+// per is the window the partner's calls are counted in: -partner's
+// period, else 1 s.
+func (r partnerReport) per() time.Duration {
+	if r.Budget.Count > 0 {
+		return r.Budget.Per
+	}
+	return time.Second
+}
+
+// quotaAt is the partner's quota at t from the replay's start.
+func (r partnerReport) quotaAt(t time.Duration) throttle.Rate {
+	q := r.Quota
+	for _, c := range r.After {
+		if c.At <= t {
+			q = c.Rate
+		}
+	}
+	return q
+}
+
+// quotaText is the partner's quota and its changes, for people.
+func (r partnerReport) quotaText() string {
+	quota := r.Quota.String()
+	for _, c := range r.After {
+		quota += fmt.Sprintf(", %s from t=%v", c.Rate, c.At)
+	}
+	return quota
+}
+
+// limitPerS returns the lowest of Limits in each whole second.
+func (r partnerReport) limitPerS() []int {
+	per := int(time.Second / plotStep)
+	var out []int
+	for i, l := range r.Limits {
+		if i%per == 0 {
+			out = append(out, l)
+		}
+		out[len(out)-1] = min(out[len(out)-1], l)
+	}
+	return out
 }
 
 // finalLimit returns -partner's limit now: adapted, with Redis (read
@@ -262,6 +361,8 @@ func (p *partnerServer) report(ps partnerSettings, final int, admits []event) pa
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r.Calls = len(p.calls)
+	r.Limits = slices.Clone(p.limits)
+	r.calls = slices.Clone(p.calls)
 	for _, c := range p.calls {
 		s := int(c.at / time.Second)
 		for len(r.AcceptedPerS) <= s {
@@ -276,11 +377,7 @@ func (p *partnerServer) report(ps partnerSettings, final int, admits []event) pa
 			r.RejectedPerS[s]++
 		}
 	}
-	per := time.Second
-	if ps.Budget.Count > 0 {
-		per = ps.Budget.Per
-	}
-	r.MaxInWindow = maxInWindow(admits, per)
+	r.MaxInWindow = maxInWindow(admits, r.per())
 	return r
 }
 
@@ -294,10 +391,6 @@ func (r partnerReport) line() string {
 	if r.Budget.Count > 0 {
 		budget = fmt.Sprintf("-partner %s (at the end %d/%v), max %d admitted in any %v", r.Budget, r.Final, r.Budget.Per, r.MaxInWindow, r.Budget.Per)
 	}
-	quota := r.Quota.String()
-	for _, c := range r.After {
-		quota += fmt.Sprintf(", %s from t=%v", c.Rate, c.At)
-	}
 	return fmt.Sprintf("partner (quota %s): %s, %d accepted, %d answered 429 (%.1f%%); %s",
-		quota, plural(r.Calls, "call"), r.Accepted, r.Rejected429, share, budget)
+		r.quotaText(), plural(r.Calls, "call"), r.Accepted, r.Rejected429, share, budget)
 }

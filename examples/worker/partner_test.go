@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,21 @@ func TestRunPartner(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "partner (quota 12/1s): 48 calls, 48 accepted, 0 answered 429") {
 		t.Errorf("no partner line in the summary:\n%s", out.String())
+	}
+	if l := p.limitPerS(); len(l) == 0 || slices.Min(l) != 10 || slices.Max(l) != 10 {
+		t.Errorf("limit_per_s %v, want 10 in every second (no 429, nothing to adapt)", l)
+	}
+
+	// A quota below the limit: the adaptive limit comes down to it, and
+	// the report follows it second by second.
+	cfg.Partner, cfg.PartnerQuota = "20/1s", "8/1s"
+	rep, _ = mustWork(t, cfg)
+	checkConsumer(t, rep, jobs)
+	checkConsumer(t, *rep.Asynq, jobs)
+	p = rep.Partner
+	l := p.limitPerS()
+	if len(l) == 0 || slices.Min(l) > 8 || p.Final > 9 || p.Accepted != 48 {
+		t.Errorf("-partner 20/1s, quota 8/1s: limit_per_s %v, final %d, %d accepted; want it down to the quota (at most 8 less the margin), 48 accepted", l, p.Final, p.Accepted)
 	}
 
 	cfg = defaultConfig()

@@ -30,7 +30,8 @@ import (
 // bucket's bound) as a line; the lower one the NAKs or rejections per
 // 100 ms, those whose decision reserved the message's own slot, and the
 // messages held on their last delivery. Faults injected are vertical
-// lines through both, labelled with their kind. A .svg file is the SVG
+// lines through both, labelled with their kind. With -partner-quota, a
+// last panel has the partner (partnerPlots). A .svg file is the SVG
 // itself; a .html file is a page with the same SVG inline (no scripts, no
 // network).
 
@@ -69,7 +70,7 @@ func plotRun(cfg config, rep report, out io.Writer) error {
 		tls = append(tls, withWaits(rep.Asynq.timeline, rep.Asynq.Tenants))
 	}
 	title := fmt.Sprintf("queuethrottle worker: %d jobs from %s, -limiter %s, -reservations %v: %s", rep.Jobs, filepath.Base(cfg.JobsPath), cmp.Or(cfg.Limiter, familyWindow), cfg.Reservations, rep.verdict())
-	if err := writePlot(cfg.Plot, title, tls...); err != nil {
+	if err := writePlot(cfg.Plot, title, rep.Partner, tls...); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "plot written to", cfg.Plot)
@@ -89,13 +90,14 @@ func withWaits(tl timeline, tenants []tenantReport) timeline {
 	return tl
 }
 
-// writePlot draws the timelines (one per consumer) under the title and
-// writes them to path, as SVG or HTML by its extension.
-func writePlot(path, title string, tls ...timeline) error {
+// writePlot draws the timelines (one per consumer) and the partner (nil:
+// none) under the title and writes them to path, as SVG or HTML by its
+// extension.
+func writePlot(path, title string, partner *partnerReport, tls ...timeline) error {
 	if err := checkPlotPath(path); err != nil {
 		return err
 	}
-	svg, err := plotSVG(title, tls...)
+	svg, err := plotSVG(title, partner, tls...)
 	if err != nil {
 		return fmt.Errorf("-plot: %w", err)
 	}
@@ -119,7 +121,7 @@ func plotHTML(title string, svg []byte) []byte {
 	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>%s</title>\n", html.EscapeString(title))
 	b.WriteString("<style>body{font-family:sans-serif;margin:1em}svg{max-width:100%;height:auto}</style>\n</head>\n<body>\n")
 	fmt.Fprintf(&b, "<h1>%s</h1>\n", html.EscapeString(title))
-	b.WriteString("<p>Per tenant: above, cost units admitted per 100 ms and in the window of the tenant's limit against the limit; below, the NAKs or rejections per 100 ms, those that reserved their own slot, and the messages held on their last delivery. Vertical lines mark injected faults.</p>\n")
+	b.WriteString("<p>Per tenant: above, cost units admitted per 100 ms and in the window of the tenant's limit against the limit; below, the NAKs or rejections per 100 ms, those that reserved their own slot, and the messages held on their last delivery. Vertical lines mark injected faults. With a simulated partner, the last panel: its calls accepted in the last window against its quota and the -partner limit over time; below, its accepted calls and 429s per 100 ms.</p>\n")
 	b.Write(svg)
 	b.WriteString("\n</body>\n</html>\n")
 	return b.Bytes()
@@ -156,8 +158,9 @@ const (
 	fontSlack = 1.2
 )
 
-// plotSVG draws the timelines as one SVG document.
-func plotSVG(title string, tls ...timeline) ([]byte, error) {
+// plotSVG draws the timelines, then the partner (nil: none), as one SVG
+// document.
+func plotSVG(title string, partner *partnerReport, tls ...timeline) ([]byte, error) {
 	plot.DefaultFont = font.Font{Typeface: "Liberation", Variant: "Sans"}
 	plotter.DefaultFont = plot.DefaultFont
 	var charts []chart
@@ -177,6 +180,13 @@ func plotSVG(title string, tls ...timeline) ([]byte, error) {
 			}
 			charts = append(charts, up, down)
 		}
+	}
+	if partner != nil {
+		up, down, err := partnerPlots(partner, end)
+		if err != nil {
+			return nil, err
+		}
+		charts = append(charts, up, down)
 	}
 	if len(charts) == 0 {
 		return nil, fmt.Errorf("nothing to plot: no tenant")
@@ -242,15 +252,6 @@ func plotSVG(title string, tls ...timeline) ([]byte, error) {
 func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Duration, handlers int) (upc, downc chart, err error) {
 	upc, downc = chart{legend: newLegend(), height: upHeight}, chart{legend: newLegend(), height: downHeight}
 	n := binCount(end, plotStep)
-	xs := func(vals []float64) plotter.XYs {
-		// Each value covers its bin: a step line from its start.
-		pts := make(plotter.XYs, len(vals)+1)
-		for i, v := range vals {
-			pts[i] = plotter.XY{X: (time.Duration(i) * plotStep).Seconds(), Y: v}
-		}
-		pts[len(vals)] = plotter.XY{X: (time.Duration(len(vals)) * plotStep).Seconds(), Y: vals[len(vals)-1]}
-		return pts
-	}
 	xmax := (time.Duration(n) * plotStep).Seconds()
 
 	// Above: admissions against the limit.
@@ -271,16 +272,16 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 	up.Add(plotter.NewGrid())
 	admitted := t.admittedPer(plotStep, end)
 	inWin := t.inWindow(plotStep, end)
-	a, err := plotter.NewLine(xs(admitted))
+	a, err := stepLine(admitted)
 	if err != nil {
 		return chart{}, chart{}, err
 	}
-	a.StepStyle, a.FillColor, a.Color = plotter.PostStep, colAdmitted, colAdmitLn
-	w, err := plotter.NewLine(xs(inWin))
+	a.FillColor, a.Color = colAdmitted, colAdmitLn
+	w, err := stepLine(inWin)
 	if err != nil {
 		return chart{}, chart{}, err
 	}
-	w.StepStyle, w.Color, w.Width = plotter.PostStep, colWindow, vg.Points(1.5)
+	w.Color, w.Width = colWindow, vg.Points(1.5)
 	limit := hline(0, xmax, float64(t.Rate.Count), colLimit, []vg.Length{vg.Points(6), vg.Points(3)})
 	up.Add(limit, a, w)
 	upc.legend.Add("admitted per 100 ms", a)
@@ -307,16 +308,16 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 	naks := t.naksPer(plotStep, end, false)
 	reserved := t.naksPer(plotStep, end, true)
 	holds := t.holdsPer(plotStep, end)
-	nl, err := plotter.NewLine(xs(naks))
+	nl, err := stepLine(naks)
 	if err != nil {
 		return chart{}, chart{}, err
 	}
-	nl.StepStyle, nl.FillColor, nl.Color = plotter.PostStep, colNaks, colNaksLn
-	rl, err := plotter.NewLine(xs(reserved))
+	nl.FillColor, nl.Color = colNaks, colNaksLn
+	rl, err := stepLine(reserved)
 	if err != nil {
 		return chart{}, chart{}, err
 	}
-	rl.StepStyle, rl.Color, rl.Width = plotter.PostStep, colReserved, vg.Points(1.5)
+	rl.Color, rl.Width = colReserved, vg.Points(1.5)
 	rl.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
 	var hpts plotter.XYs
 	for i, v := range holds {
@@ -325,11 +326,11 @@ func tenantPlots(name string, t tenantTimeline, faults []faultMark, end time.Dur
 		}
 	}
 	busy := t.busyPer(plotStep, end)
-	bl, err := plotter.NewLine(xs(busy))
+	bl, err := stepLine(busy)
 	if err != nil {
 		return chart{}, chart{}, err
 	}
-	bl.StepStyle, bl.Color, bl.Width = plotter.PostStep, colBusy, vg.Points(1.5)
+	bl.Color, bl.Width = colBusy, vg.Points(1.5)
 	down.Add(nl, rl, bl)
 	downc.legend.Add("NAKs/rejections per 100 ms", nl)
 	downc.legend.Add("… that reserved a slot", rl)

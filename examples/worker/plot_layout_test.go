@@ -96,7 +96,7 @@ func TestPlotTextRoom(t *testing.T) {
 		},
 	}
 	title := "queuethrottle worker: " + strings.Repeat("a long description of the run, ", 4)
-	doc, err := plotSVG(title, tl)
+	doc, err := plotSVG(title, nil, tl)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func TestPlotSVG(t *testing.T) {
 			{Tenant: "globex", Rate: mustRate(t, "20/1s"), Bound: 20},
 		},
 	}
-	doc, err := plotSVG("a test run", tl)
+	doc, err := plotSVG("a test run", nil, tl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestPlotSVG(t *testing.T) {
 // chart of compactHeight, not downHeight: the SVG is that much shorter.
 func TestPlotCompactPanels(t *testing.T) {
 	height := func(tt tenantTimeline) string {
-		doc, err := plotSVG("t", timeline{End: time.Second, Tenants: []tenantTimeline{tt}})
+		doc, err := plotSVG("t", nil, timeline{End: time.Second, Tenants: []tenantTimeline{tt}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -266,7 +266,7 @@ func TestRecorderTimeline(t *testing.T) {
 	if ts := byTenant(rep)["a"]; ts.Naks != 2 || ts.Reserved != 1 || ts.Holds != 1 {
 		t.Errorf("tenant a: %d naks, %d reserved, %d holds; want 2, 1, 1", ts.Naks, ts.Reserved, ts.Holds)
 	}
-	doc, err := plotSVG("recorded", tl)
+	doc, err := plotSVG("recorded", nil, tl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,6 +330,41 @@ func TestGrafanaDashboard(t *testing.T) {
 		"throttle_hybrid_decisions_total", "throttle_hybrid_redis_duration_seconds_bucket", "throttle_hybrid_redis_errors_total"} {
 		if !strings.Contains(all, m) {
 			t.Errorf("no panel queries %s", m)
+		}
+	}
+}
+
+// TestPlotPartner: with a partner, the last panel has its calls accepted
+// in the last window (counted right, bin by bin), its quota as it
+// changed, -partner's limit over time, and its 429s.
+func TestPlotPartner(t *testing.T) {
+	ms := time.Millisecond
+	r := &partnerReport{
+		Quota: mustRate(t, "25/1s"), Budget: mustRate(t, "100/1s"),
+		After:  []quotaChange{{At: time.Second, Rate: mustRate(t, "10/1s")}},
+		Limits: []int{100, 100, 23, 23, 23, 23, 23, 23, 23, 23, 23, 24},
+		calls:  []partnerCall{{at: 0, ok: true}, {at: 50 * ms, ok: true}, {at: 150 * ms}, {at: 1050 * ms, ok: true}},
+	}
+	accepted, rejected, inWin, quota := partnerSeries(r, 12)
+	for name, got := range map[string][]float64{"accepted": accepted, "rejected": rejected, "in the window": inWin, "quota": quota} {
+		want := map[string][]float64{
+			"accepted":      {2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0},
+			"rejected":      {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+			"in the window": {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1},
+			"quota":         {25, 25, 25, 25, 25, 25, 25, 25, 25, 25, 10, 10},
+		}[name]
+		if !slices.Equal(got, want) {
+			t.Errorf("%s per 100 ms: %v, want %v", name, got, want)
+		}
+	}
+	doc, err := plotSVG("with a partner", r, timeline{End: 1200 * ms, Tenants: []tenantTimeline{{Tenant: "acme", Rate: mustRate(t, "5/1s"), Bound: 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(svgTexts(t, doc), "\n")
+	for _, want := range []string{"partner: quota 25/1s, 10/1s from t=1s; -partner 100/1s", "accepted in the last 1s", "the partner's quota", "-partner limit", "accepted per 100 ms", "answered 429 per 100 ms"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the SVG has no text %q; texts:\n%s", want, all)
 		}
 	}
 }

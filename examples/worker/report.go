@@ -34,6 +34,10 @@ type (
 		// from the replay's t=0, to the last call.
 		AcceptedPerS []int `json:"accepted_per_s"`
 		RejectedPerS []int `json:"rejected_per_s"`
+		// LimitPerS is the -partner limit (Count per its Per), the
+		// lowest in force in each whole second from t=0 (adapted, with
+		// Redis); absent without -partner.
+		LimitPerS []int `json:"limit_per_s,omitempty"`
 	}
 	jsonFault struct {
 		Kind       string  `json:"kind"`              // kill-redis, pause-redis, kill-worker or restart-nats
@@ -100,7 +104,7 @@ func writeReport(path string, rep report, elapsed time.Duration) error {
 	}
 	if p := rep.Partner; p != nil {
 		out.Partner = &jsonPartner{Quota: p.Quota.String(), Calls: p.Calls, Accepted: p.Accepted, Rejected429: p.Rejected429,
-			MaxInWindow: p.MaxInWindow, AcceptedPerS: p.AcceptedPerS, RejectedPerS: p.RejectedPerS}
+			MaxInWindow: p.MaxInWindow, AcceptedPerS: p.AcceptedPerS, RejectedPerS: p.RejectedPerS, LimitPerS: p.limitPerS()}
 		if p.Budget.Count > 0 {
 			out.Partner.LimitFinal = throttle.Rate{Count: p.Final, Per: p.Budget.Per}.String()
 		}
