@@ -2,13 +2,9 @@ package window
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"hash/maphash"
-	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
 	"github.com/queuethrottle/queuethrottle/internal/pause"
@@ -19,12 +15,7 @@ import (
 // clock), as throttle.Pauser describes: AllowN, AllowID and Peek return a
 // rejection with Remaining 0 and a RetryAfter of the time left of the
 // pause, recording and reserving nothing. A longer pause extends the one
-// in force, a shorter one never shortens it, and Reset ends it. The key's
-// reservations ahead move later by as much as the pause grew, all of
-// them: no slot can be claimed while it holds, and moving them together
-// keeps their order and spacing (every window within the limit, each
-// request its place), where slots left inside the pause would count as
-// admissions that never ran and then bunch at its end. The pause
+// in force, a shorter one never shortens it, and Reset ends it. The pause
 // is kept apart from the key's log, so the sweep of idle keys never
 // forgets it. The only error wraps throttle.ErrInvalidOption, naming "d",
 // for d <= 0 or d beyond 2^52 µs. ctx is unused.
@@ -33,25 +24,9 @@ func (m *Memory) Pause(_ context.Context, key string, d time.Duration) error {
 		return err
 	}
 	now, _ := instant(m.clock.Now(), 0)
-	end := now + pause.Micros(d)
-	s := &m.shards[maphash.String(m.seed, key)%memoryShards]
-	s.mu.Lock() // the pause and the move are one step, as in pause.lua
-	defer s.mu.Unlock()
-	grew := end - (now + m.pauses.Left(key, now))
-	if grew <= 0 {
-		return nil
-	}
-	m.pauses.Extend(key, now, end)
-	if l := s.logs[key]; l != nil {
-		l.delay(now, grew)
-	}
+	m.pauses.Extend(key, now, now+pause.Micros(d))
 	return nil
 }
-
-//go:embed pause.lua
-var pauseLua string
-
-var pauseScript = redis.NewScript(pauseLua)
 
 // paused returns the Decision for key, paused for left µs more at now: a
 // rejection whose ResetAfter also covers the newest unit of the key's log,
@@ -70,14 +45,12 @@ func (m *Memory) paused(key string, now, left int64, r throttle.Rate, perUS int6
 // Pause rejects every decision for key for d, in every process sharing the
 // Redis, as throttle.Pauser describes: AllowN, AllowID and Peek return a
 // rejection with Remaining 0 and a RetryAfter of the time left of the
-// pause, writing nothing. The key's reservations ahead move later by as
-// much as the pause grew (see Memory.Pause), in the same script. The pause is a string key beside the key's
+// pause, writing nothing. The pause is a string key beside the key's
 // sorted set, prefix + "{" + escaped key + "}" + ":pause" (same cluster
 // slot), holding the instant the pause ends on the window's clock (the
 // Redis server's TIME, or the WithClock clock); one script sets it only if
 // that is later than the end already recorded (a longer pause extends, a
-// shorter one never shortens), moves the reservations (window/pause.lua),
-// and the pause expires when it ends.
+// shorter one never shortens), and it expires when the pause ends.
 // window.lua reads it with one GET per script call (every request of a
 // coalesced batch is rejected while it holds). Reset ends it.
 //
@@ -97,13 +70,11 @@ func (l *Redis) Pause(ctx context.Context, key string, d time.Duration) error {
 	if err := l.ready(ctx); err != nil {
 		return err
 	}
-	now := ""
+	now := int64(-1)
 	if l.clock != nil {
-		us, _ := instant(l.clock.Now(), 0)
-		now = strconv.FormatInt(us, 10)
+		now, _ = instant(l.clock.Now(), 0)
 	}
-	k := l.key(key)
-	if err := pauseScript.Run(ctx, l.client, []string{k + pause.Suffix, k, k + hintSuffix}, pause.Micros(d), now).Err(); err != nil {
+	if _, err := pause.Redis(ctx, l.client, l.key(key), d, now); err != nil {
 		return fmt.Errorf("window: redis: pause: %w", err)
 	}
 	return nil

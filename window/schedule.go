@@ -1,7 +1,6 @@
 package window
 
 import (
-	"slices"
 	"sort"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -183,22 +182,6 @@ func (l *windowLog) find(id string) int {
 		}
 	}
 	return -1
-}
-
-// delay moves every reservation after now later by d µs (a pause), in
-// order: each keeps its place and its spacing to the others.
-func (l *windowLog) delay(now, d int64) {
-	var moved []entry
-	for i := len(l.es) - 1; i >= l.head; i-- {
-		if e := l.es[i]; e.reserved && e.at > now {
-			moved = append(moved, e)
-			l.remove(i)
-		}
-	}
-	for _, e := range slices.Backward(moved) {
-		e.at += d
-		l.insert(e)
-	}
 }
 
 // remove deletes the entry at index i of es.
