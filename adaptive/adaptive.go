@@ -5,8 +5,8 @@
 // A Limit is a throttle.QuotaFunc (Quota): give it to the limiter on the
 // partner's key (window.WithQuotas, bucket.WithQuotas), and tell it what
 // the partner answered: Accepted for a call it accepted, Rejected for a
-// 429. Each key starts at the ceiling (its first window paced in tenths,
-// see Quota). The first 429 of a congestion event
+// 429. Each key starts at the ceiling (its first window paced, with
+// WithPacedStart). The first 429 of a congestion event
 // (none within one Per of the last decrease) sets the limit to an
 // estimate of the partner's quota: the calls it accepted in the last Per,
 // every process's, since a partner that counts in windows accepted exactly
@@ -67,19 +67,22 @@ const (
 	probeGrowth    = 0.0002          // of the estimate, per window squared, beyond it
 	stateKeep      = time.Hour       // the state's life without a 429
 	callTimeout    = 2 * time.Second // each Redis call, unless ctx ends first
-	firstSplit     = 10              // the first window is paced in this many parts
+	maxSplit       = 10              // WithPacedStart paces the first window in at most this many parts
 )
 
 // Limit is an adaptive limit per key (see the package documentation). It
 // is safe for concurrent use.
 type Limit struct {
-	client  redis.Scripter
-	prefix  string
-	ceiling throttle.Rate
-	floor   int
-	refresh time.Duration
-	replan  func(ctx context.Context, key string) // after a decrease this process made
-	members *uniqueid.Source                      // the accepted calls' members
+	client    redis.Scripter
+	prefix    string
+	ceiling   throttle.Rate
+	floor     int
+	refresh   time.Duration
+	replan    func(ctx context.Context, key string) // after a decrease this process made
+	members   *uniqueid.Source                      // the accepted calls' members
+	paced     bool                                  // WithPacedStart
+	pacedCost int                                   // its maxCost
+	split     int                                   // the parts of a paced first window (<= 1: not paced)
 
 	mu   sync.Mutex
 	keys map[string]*keyState
@@ -107,6 +110,18 @@ func WithPrefix(p string) Option { return func(l *Limit) { l.prefix = p } }
 // WithRefresh sets how often a process reads a key's state (default
 // DefaultRefresh): another process's decrease reaches it within that.
 func WithRefresh(d time.Duration) Option { return func(l *Limit) { l.refresh = d } }
+
+// WithPacedStart paces a key's first Per in this process, before any
+// decrease: k parts of Count/k per Per/k, k = min(10, Count/maxCost), so
+// that no part is too small for a request of maxCost units (the largest
+// cost the key's requests have: a larger one would be refused as never
+// admissible while it lasts). That admits no more than the ceiling in any
+// Per and no burst of it at once, so a partner whose quota is below the
+// ceiling answers its first 429 after a few calls, not after every caller
+// called at once. Off by default; maxCost must be >= 1.
+func WithPacedStart(maxCost int) Option {
+	return func(l *Limit) { l.pacedCost, l.paced = maxCost, true }
+}
 
 // WithReplan sets what a process runs after it decreased key's limit:
 // drop the reservations planned at the old pace (window.Redis's
@@ -137,6 +152,12 @@ func NewRedis(client redis.Scripter, ceiling throttle.Rate, floor int, opts ...O
 	if l.refresh <= 0 {
 		return nil, &throttle.OptionError{Field: "WithRefresh", Reason: fmt.Sprintf("must be > 0, got %v", l.refresh)}
 	}
+	if l.paced {
+		if l.pacedCost < 1 {
+			return nil, &throttle.OptionError{Field: "WithPacedStart", Reason: fmt.Sprintf("maxCost must be >= 1, got %d", l.pacedCost)}
+		}
+		l.split = min(maxSplit, ceiling.Count/l.pacedCost)
+	}
 	var err error
 	if l.members, err = uniqueid.New(""); err != nil {
 		return nil, err
@@ -145,17 +166,13 @@ func NewRedis(client redis.Scripter, ceiling throttle.Rate, floor int, opts ...O
 }
 
 // Quota returns key's limit now, as a throttle.QuotaFunc: the state read
-// at most WithRefresh ago, with the growth since. Before any decrease, a
-// key's first Per in this process is paced: Count/10 per Per/10 (a
-// ceiling of 10 or more), which admits no more than the ceiling in any
-// Per and no burst of it at once, so that a partner whose quota is below
-// the ceiling answers its first 429 after a few calls, not a burst. A
-// read that is due runs on a goroutine of its own, so Quota never waits
-// for Redis.
+// at most WithRefresh ago, with the growth since; with WithPacedStart, a
+// key's first Per before any decrease is paced. A read that is due runs
+// on a goroutine of its own, so Quota never waits for Redis.
 func (l *Limit) Quota(key string) throttle.Quota {
 	c, paced := l.limit(key)
 	if paced {
-		return throttle.Quota{Rate: throttle.Rate{Count: c / firstSplit, Per: l.ceiling.Per / firstSplit}}
+		return throttle.Quota{Rate: throttle.Rate{Count: c / l.split, Per: l.ceiling.Per / time.Duration(l.split)}}
 	}
 	return throttle.Quota{Rate: throttle.Rate{Count: c, Per: l.ceiling.Per}}
 }
@@ -178,7 +195,7 @@ func (l *Limit) limit(key string) (int, bool) {
 		k.fetching = true
 		go l.fetch(key)
 	}
-	if k.limit < 0 && l.ceiling.Count >= firstSplit {
+	if k.limit < 0 && l.split > 1 {
 		if k.first.IsZero() {
 			k.first = now
 		}

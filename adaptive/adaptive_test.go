@@ -115,10 +115,11 @@ func TestNewRedisErrors(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := throttle.Rate{Count: 10, Per: time.Second}
 	for name, f := range map[string]func() error{
-		"client":      func() error { _, err := adaptive.NewRedis(nil, r, 1); return err },
-		"floor":       func() error { _, err := adaptive.NewRedis(client, r, 11); return err },
-		"Rate.Count":  func() error { _, err := adaptive.NewRedis(client, throttle.Rate{Per: time.Second}, 1); return err },
-		"WithRefresh": func() error { _, err := adaptive.NewRedis(client, r, 1, adaptive.WithRefresh(0)); return err },
+		"client":         func() error { _, err := adaptive.NewRedis(nil, r, 1); return err },
+		"floor":          func() error { _, err := adaptive.NewRedis(client, r, 11); return err },
+		"Rate.Count":     func() error { _, err := adaptive.NewRedis(client, throttle.Rate{Per: time.Second}, 1); return err },
+		"WithRefresh":    func() error { _, err := adaptive.NewRedis(client, r, 1, adaptive.WithRefresh(0)); return err },
+		"WithPacedStart": func() error { _, err := adaptive.NewRedis(client, r, 1, adaptive.WithPacedStart(0)); return err },
 	} {
 		err := f()
 		var oe *throttle.OptionError
@@ -157,20 +158,38 @@ func TestLossThenRejected(t *testing.T) {
 	}
 }
 
-// TestFirstWindowPaced: before any decrease, a key's first window is
-// paced in tenths (Count/10 per Per/10: no burst of the whole ceiling),
-// Limit still says the ceiling, a 429 in it decreases from the ceiling
-// (not from the tenth), and after the first window a key without a
-// decrease has the whole ceiling per Per.
+// TestFirstWindowPaced: with WithPacedStart, a key's first window before
+// any decrease is paced in parts no smaller than the largest cost (here
+// tenths: Count/10 per Per/10, no burst of the whole ceiling), Limit
+// still says the ceiling, a 429 in it decreases from the ceiling (not
+// from the part), and after the first window a key without a decrease
+// has the whole ceiling per Per. Larger costs mean fewer parts; without
+// the option nothing is paced.
 func TestFirstWindowPaced(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	ceiling := throttle.Rate{Count: 100, Per: 200 * time.Millisecond}
-	l, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+	l, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")), adaptive.WithPacedStart(3))
 	if err != nil {
 		t.Fatal(err)
 	}
 	paced := throttle.Quota{Rate: throttle.Rate{Count: 10, Per: 20 * time.Millisecond}}
+	for cost, want := range map[int]throttle.Rate{20: {Count: 20, Per: 40 * time.Millisecond}, 60: ceiling} {
+		other, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")), adaptive.WithPacedStart(cost))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q := other.Quota("p"); q.Rate != want {
+			t.Errorf("WithPacedStart(%d): %+v, want %v (parts of at least the cost)", cost, q, want)
+		}
+	}
+	plain, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := plain.Quota("p"); q.Rate != ceiling {
+		t.Errorf("without WithPacedStart: %+v, want the ceiling", q)
+	}
 	if q := l.Quota("p"); q != paced {
 		t.Fatalf("first window: %+v, want %+v", q, paced)
 	}

@@ -127,6 +127,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
+	pset.MaxCost = jf.maxCost()
 	var cl closers
 	defer cl.run()
 	rc, err := dialRedis(ctx, cfg.RedisURL, &cl)

@@ -290,6 +290,15 @@ func (jf jobsFile) span() time.Duration {
 	return jf.Jobs[len(jf.Jobs)-1].at()
 }
 
+// maxCost returns the largest cost of the jobs (at least 1).
+func (jf jobsFile) maxCost() int {
+	n := 1
+	for _, j := range jf.Jobs {
+		n = max(n, j.Cost)
+	}
+	return n
+}
+
 // tenants returns the tenants of jobs, sorted.
 func (jf jobsFile) tenants() []string {
 	seen := map[string]bool{}

@@ -27,12 +27,15 @@ const partnerKey = "partner"
 
 // partnerSettings are the -partner flags.
 type partnerSettings struct {
-	Budget throttle.Rate   // -partner: the limit the worker believes in (zero: none)
-	Quota  throttle.Rate   // -partner-quota: what the simulated partner accepts (zero: no partner)
-	After  []quotaChange   // -partner-quota-after: its quota changes
-	URL    string          // the partner server (-partner-url in a worker process)
-	client *partnerClient  // set for the run: every handler calls it once per job
-	adapt  *adaptive.Limit // -partner's adaptive limit, with Redis
+	Budget throttle.Rate // -partner: the limit the worker believes in (zero: none)
+	Quota  throttle.Rate // -partner-quota: what the simulated partner accepts (zero: no partner)
+	After  []quotaChange // -partner-quota-after: its quota changes
+	URL    string        // the partner server (-partner-url in a worker process)
+	// MaxCost is the trace's largest job cost: the least part of the
+	// adaptive limit's paced first window (adaptive.WithPacedStart).
+	MaxCost int
+	client  *partnerClient  // set for the run: every handler calls it once per job
+	adapt   *adaptive.Limit // -partner's adaptive limit, with Redis
 }
 
 // quotaChange is the partner's quota from At (from the replay's t=0) on.
@@ -115,9 +118,11 @@ func guarded(r throttle.Rate) throttle.Rate {
 
 // newAdaptive returns -partner's adaptive limit, its state in Redis under
 // prefix: every process of the run shares it. It counts in the guarded
-// window, as the limit it adapts.
+// window, as the limit it adapts, and paces a first window in parts no
+// smaller than the trace's largest cost.
 func newAdaptive(ps partnerSettings, rc *redis.Client, prefix string, opts ...adaptive.Option) (*adaptive.Limit, error) {
-	return adaptive.NewRedis(rc, guarded(ps.Budget), max(1, ps.Budget.Count/100), append([]adaptive.Option{adaptive.WithPrefix(prefix + "adaptive:")}, opts...)...)
+	return adaptive.NewRedis(rc, guarded(ps.Budget), max(1, ps.Budget.Count/100),
+		append([]adaptive.Option{adaptive.WithPrefix(prefix + "adaptive:"), adaptive.WithPacedStart(max(1, ps.MaxCost))}, opts...)...)
 }
 
 // partnerServer is -partner-quota: the downstream every handler calls once

@@ -155,6 +155,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
+	ps.MaxCost = jf.maxCost()
 	if err := checkCore(cfg); err != nil {
 		return report{}, err
 	}
