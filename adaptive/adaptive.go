@@ -18,8 +18,8 @@
 // excess is 0.02 % of the estimate times the square of the windows since
 // it passed the estimate (one more call of 25 after 14 windows, twice the
 // estimate after 70), up to the ceiling. So a partner whose quota grows
-// is found again, and one whose quota stays is probed past it about once
-// every 16 windows; each overshoot costs the few calls of one 429 and its
+// is found again, and one whose quota stays (25, say) is probed past it
+// about once every 16 windows; each overshoot costs the few calls of one 429 and its
 // Retry-After. A saw-tooth that halves (throttle.AIMD) averages about
 // 0.75 of the quota; this one stays within the margin of it.
 //
@@ -124,9 +124,9 @@ func WithPacedStart(maxCost int) Option {
 }
 
 // WithReplan sets what a process runs after it decreased key's limit:
-// drop the reservations planned at the old pace (window.Redis's
-// DropReservations), so that the requests holding them are planned again
-// at the new one when they come back. Without it they keep their slots,
+// thin the reservations planned at the old pace to the new limit
+// (window.Redis's Replan), so that the requests whose slots no longer fit
+// are planned again at the new one when they come back. Without it they keep their slots,
 // and are re-planned one by one as they find their windows full.
 func WithReplan(f func(ctx context.Context, key string)) Option {
 	return func(l *Limit) { l.replan = f }
