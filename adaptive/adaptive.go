@@ -280,6 +280,13 @@ func (l *Limit) read(ctx context.Context, key string) error {
 		k.fetched = time.Now() // try again after a refresh
 		return fmt.Errorf("adaptive: redis: %w", err)
 	}
+	if v[0] < 0 && k.known && k.limit >= 0 {
+		// No state, and nothing written back: this read began before this
+		// process learnt one (a Rejected meanwhile), which a loss has
+		// since wiped. Keep it; the next read writes it back.
+		k.fetched = time.Now()
+		return nil
+	}
 	l.set(k, v[0], v[1], v[2], v[3])
 	return nil
 }
