@@ -205,9 +205,10 @@ func (p *partnerServer) sampleLimit(ps partnerSettings) (stop func()) {
 		t := time.NewTicker(plotStep)
 		defer t.Stop()
 		for {
+			v := limit() // not under p.mu: it may take the adaptive limit's lock
 			p.mu.Lock()
 			for len(p.limits) <= int(time.Since(p.start)/plotStep) {
-				p.limits = append(p.limits, limit())
+				p.limits = append(p.limits, v)
 			}
 			p.mu.Unlock()
 			select {
