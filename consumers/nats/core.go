@@ -3,7 +3,6 @@ package natsthrottle
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/queuethrottle/queuethrottle/internal/fair"
 	"github.com/queuethrottle/queuethrottle/internal/uniqueid"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -79,69 +79,13 @@ func (e *GiveUpError) Unwrap() error {
 	return throttle.ErrLimited
 }
 
-// CoreOption configures a Core.
-type CoreOption func(*coreConfig)
-
-type coreConfig struct {
-	key        func(*nats.Msg) (string, error)
-	cost       func(*nats.Msg) (int, error)
-	maxWait    time.Duration
-	maxWaiting int
-	onError    func(*nats.Msg, error)
-	logger     *slog.Logger
-	inFlight   throttle.InFlightLimiter
-	lease      time.Duration
-}
-
-// WithCoreKeyFunc sets the message's key (default: its subject).
-func WithCoreKeyFunc(f func(*nats.Msg) (string, error)) CoreOption {
-	return func(c *coreConfig) { c.key = f }
-}
-
-// WithCoreCostFunc sets the message's cost (default 1).
-func WithCoreCostFunc(f func(*nats.Msg) (int, error)) CoreOption {
-	return func(c *coreConfig) { c.cost = f }
-}
-
-// WithCoreMaxWait sets how long a message may wait in process, from its
-// arrival, for its slot (default DefaultCoreMaxWait); a message whose slot
-// lies beyond is given up at once. It must be >= 0 (0 gives up every
-// message the limit refuses).
-func WithCoreMaxWait(d time.Duration) CoreOption { return func(c *coreConfig) { c.maxWait = d } }
-
-// WithCoreMaxWaiting sets how many messages of one key may wait at once
-// (default DefaultCoreMaxWaiting); beyond, a refused message is given up
-// at once. Memory is bounded by it: each waiting message holds its
-// *nats.Msg. It must be >= 0.
-func WithCoreMaxWaiting(n int) CoreOption { return func(c *coreConfig) { c.maxWaiting = n } }
-
-// WithCoreErrorHandler sets what gets every give-up (a *GiveUpError) and
-// every slow-consumer report (NATS dropped messages of the subscription,
-// an error wrapping nats.ErrSlowConsumer).
-func WithCoreErrorHandler(f func(*nats.Msg, error)) CoreOption {
-	return func(c *coreConfig) { c.onError = f }
-}
-
-// WithCoreInFlight adds an in-flight limit (see WithInFlight): a message
-// holds a slot of its key in l, under lease (renewed every third of it
-// while the handler runs, released when it returns), before the Gate
-// decides it, so a message refused a slot is never charged by the rate;
-// refused, it waits for the refusal's RetryAfter like a rate rejection,
-// within the same bounds. When l fails, the Gate's failure policy decides:
-// FailOpen runs the handler without a slot, FailClosed waits. lease must
-// be > 0.
-func WithCoreInFlight(l throttle.InFlightLimiter, lease time.Duration) CoreOption {
-	return func(c *coreConfig) { c.inFlight, c.lease = l, lease }
-}
-
-// WithCoreLogger logs the give-ups and slow-consumer reports.
-func WithCoreLogger(l *slog.Logger) CoreOption { return func(c *coreConfig) { c.logger = l } }
-
 // Core gates a core NATS message handler (a plain subscription, a queue
 // group, a request-reply service) with a Gate: every message is decided by
 // its key and cost, with an id of its own, before the handler runs.
 //
-//   - Admitted: the handler runs, on the subscription's goroutine.
+//   - Admitted: the handler runs, on the subscription's goroutine (with
+//     WithCoreConcurrency, on the message's own goroutine once one of the
+//     handlers is its, by fair shares among keys).
 //   - Refused: the message waits in process, on a goroutine of its own, for
 //     the limit's RetryAfter (its reserved slot, with
 //     throttle.WithReservations), and is decided again, until admitted;
@@ -168,7 +112,11 @@ type Core struct {
 	gate *throttle.Gate
 	cfg  coreConfig
 
-	ids *uniqueid.Source // every message an id of its own
+	ids    *uniqueid.Source // every message an id of its own
+	sched  *fair.Scheduler  // the fair shares of the WithCoreConcurrency handlers; nil without, or WithCoreFair(false)
+	tokens chan struct{}    // WithCoreConcurrency with WithCoreFair(false): one per free handler
+	endsMu sync.Mutex
+	ends   chan struct{} // closed when a handler ends, with tokens (see handlerEnds)
 
 	mu         sync.Mutex
 	waiting    map[string]int
@@ -206,6 +154,8 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 		return nil, &throttle.OptionError{Field: "WithCoreMaxWait", Reason: fmt.Sprintf("must be >= 0, got %v", cfg.maxWait)}
 	case cfg.maxWaiting < 0:
 		return nil, &throttle.OptionError{Field: "WithCoreMaxWaiting", Reason: fmt.Sprintf("must be >= 0, got %d", cfg.maxWaiting)}
+	case cfg.handlers < 0:
+		return nil, &throttle.OptionError{Field: "WithCoreConcurrency", Reason: fmt.Sprintf("must be >= 1 (or 0: none), got %d", cfg.handlers)}
 	case cfg.inFlight != nil && cfg.lease <= 0:
 		return nil, &throttle.OptionError{Field: "WithCoreInFlight", Reason: fmt.Sprintf("the lease must be > 0, got %v", cfg.lease)}
 	}
@@ -213,8 +163,21 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 	if err != nil {
 		return nil, err
 	}
-	return &Core{next: next, gate: g, cfg: cfg, ids: ids,
-		waiting: map[string]int{}, dropped: map[*nats.Subscription]int{}, stop: make(chan struct{})}, nil
+	c := &Core{next: next, gate: g, cfg: cfg, ids: ids,
+		waiting: map[string]int{}, dropped: map[*nats.Subscription]int{}, stop: make(chan struct{})}
+	switch {
+	case cfg.handlers == 0:
+	case cfg.noFair:
+		c.tokens = make(chan struct{}, cfg.handlers)
+		for range cfg.handlers {
+			c.tokens <- struct{}{}
+		}
+	default:
+		if c.sched, err = fair.New(fair.Config{Handlers: cfg.handlers, Weight: cfg.weights}); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // GivenUp returns how many messages the Core gave up.
@@ -243,10 +206,23 @@ func (c *Core) Handle(m *nats.Msg) {
 	}
 	deadline := time.Now().Add(c.cfg.maxWait)
 	id := c.ids.Next()
-	retry, waits := c.settle(m, key, cost, id, deadline)
-	if !waits {
+	if c.cfg.handlers > 0 {
+		if c.startWaiting(m, key, cost, "", 0) {
+			go c.scheduled(m, key, cost, id, deadline)
+		}
 		return
 	}
+	retry, waits := c.settle(m, key, cost, id, deadline)
+	if waits && c.startWaiting(m, key, cost, id, retry) {
+		go c.waitOut(m, key, cost, id, deadline, retry)
+	}
+}
+
+// startWaiting counts m as waiting in process for its key, on a goroutine
+// the caller starts, unless the Core is closed or WithCoreMaxWaiting of
+// the key already wait: m is then given up (id is "" when m was not
+// decided yet, retry the limit's wait when it was refused).
+func (c *Core) startWaiting(m *nats.Msg, key string, cost int, id string, retry time.Duration) bool {
 	c.mu.Lock()
 	if c.closed || c.waiting[key] >= c.cfg.maxWaiting {
 		reason := "max waiting"
@@ -255,12 +231,21 @@ func (c *Core) Handle(m *nats.Msg) {
 		}
 		c.mu.Unlock()
 		c.giveUp(m, key, cost, id, reason, retry, nil)
-		return
+		return false
 	}
 	c.waiting[key]++
 	c.wg.Add(1)
 	c.mu.Unlock()
-	go c.waitOut(m, key, cost, id, deadline, retry)
+	return true
+}
+
+// doneWaiting ends the wait startWaiting counted.
+func (c *Core) doneWaiting(key string) {
+	c.mu.Lock()
+	if c.waiting[key]--; c.waiting[key] <= 0 {
+		delete(c.waiting, key)
+	}
+	c.mu.Unlock()
 }
 
 // settle decides m by id and acts on it, unless it is to wait: it runs the
@@ -268,23 +253,9 @@ func (c *Core) Handle(m *nats.Msg) {
 // its slot lies beyond deadline. Otherwise it returns the wait.
 func (c *Core) settle(m *nats.Msg, key string, cost int, id string, deadline time.Time) (retry time.Duration, waits bool) {
 	ctx := context.Background()
-	slot := false // holds an in-flight slot
-	if c.cfg.inFlight != nil {
-		s, err := c.cfg.inFlight.Acquire(ctx, key, id, c.cfg.lease)
-		switch {
-		case err != nil:
-			c.report(m, fmt.Errorf("natsthrottle: in-flight slot of %s (key %q): %w", m.Subject, key, err))
-			if c.gate.Policy() != throttle.FailOpen {
-				s = throttle.Decision{RetryAfter: time.Second}
-			} else {
-				s = throttle.Decision{Allowed: true}
-			}
-		case s.Allowed:
-			slot = true
-		}
-		if !s.Allowed {
-			return c.wait(m, key, cost, id, deadline, s.RetryAfter)
-		}
+	slot, ok, retry := c.acquire(m, key, id)
+	if !ok {
+		return c.wait(m, key, cost, id, deadline, retry)
 	}
 	d, err := c.gate.AdmitID(ctx, key, cost, id)
 	if slot && (err != nil || !d.Allowed) {
@@ -309,6 +280,28 @@ func (c *Core) wait(m *nats.Msg, key string, cost int, id string, deadline time.
 		return 0, false
 	}
 	return retry, true
+}
+
+// acquire takes m's in-flight slot (WithCoreInFlight): ok when the
+// handler may run, held when m then holds a slot (not so without an
+// in-flight limit, or under FailOpen when it failed); refused, retry is
+// the wait.
+func (c *Core) acquire(m *nats.Msg, key, id string) (held, ok bool, retry time.Duration) {
+	if c.cfg.inFlight == nil {
+		return false, true, 0
+	}
+	s, err := c.cfg.inFlight.Acquire(context.Background(), key, id, c.cfg.lease)
+	switch {
+	case err != nil:
+		c.report(m, fmt.Errorf("natsthrottle: in-flight slot of %s (key %q): %w", m.Subject, key, err))
+		if c.gate.Policy() == throttle.FailOpen {
+			return false, true, 0
+		}
+		return false, false, time.Second
+	case s.Allowed:
+		return true, true, 0
+	}
+	return false, false, s.RetryAfter
 }
 
 // run runs the handler for m; with slot, renewing its in-flight slot every
@@ -347,13 +340,7 @@ func (c *Core) release(m *nats.Msg, key, id string) {
 // waitOut is the life of a refused message until it runs or is given up.
 func (c *Core) waitOut(m *nats.Msg, key string, cost int, id string, deadline time.Time, retry time.Duration) {
 	defer c.wg.Done()
-	defer func() {
-		c.mu.Lock()
-		if c.waiting[key]--; c.waiting[key] <= 0 {
-			delete(c.waiting, key)
-		}
-		c.mu.Unlock()
-	}()
+	defer c.doneWaiting(key)
 	for {
 		t := time.NewTimer(retry)
 		select {
@@ -460,6 +447,9 @@ func (c *Core) Close(ctx context.Context) error {
 	if !c.closed {
 		c.closed = true
 		close(c.stop)
+		if c.sched != nil {
+			c.sched.Stop() // what still waits for a handler sees stop and is given up
+		}
 	}
 	c.mu.Unlock()
 	done := make(chan struct{})

@@ -60,13 +60,13 @@ func (r *coreRecorder) counts() (handled, twice, givenUp int) {
 	return handled, twice, len(r.givenUp)
 }
 
-// coreSub subscribes c on subject of a fresh server and returns the
-// connection.
-func coreSub(t *testing.T, subject string, c *Core) *nats.Conn {
+// coreSub subscribes h (a Core's Handle) on subject of a fresh server and
+// returns the connection.
+func coreSub(t *testing.T, subject string, h nats.MsgHandler) *nats.Conn {
 	t.Helper()
 	s := natsserver.Run(t)
 	nc, _ := natsserver.Connect(t, s)
-	if _, err := nc.Subscribe(subject, c.Handle); err != nil {
+	if _, err := nc.Subscribe(subject, h); err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {
@@ -102,7 +102,7 @@ func TestCoreWaitsForSlots(t *testing.T) {
 	}
 	rec := newCoreRecorder()
 	c := newCore(t, rec.handle, g, WithCoreErrorHandler(rec.onError))
-	nc := coreSub(t, "core.a", c)
+	nc := coreSub(t, "core.a", c.Handle)
 	for i := range 30 {
 		if err := nc.Publish("core.a", []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
@@ -126,7 +126,7 @@ func TestCoreGivesUpAndAnswers(t *testing.T) {
 	g := newGate(t, throttle.Rate{Count: 5, Per: time.Second}, nil)
 	rec := newCoreRecorder()
 	c := newCore(t, rec.handle, g, WithCoreErrorHandler(rec.onError), WithCoreMaxWait(100*time.Millisecond))
-	nc := coreSub(t, "core.req", c)
+	nc := coreSub(t, "core.req", c.Handle)
 	const total = 20
 	var mu sync.Mutex
 	ok, limited := 0, 0
@@ -176,7 +176,7 @@ func TestCoreMaxWaitingAndClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc := coreSub(t, "core.w", c)
+	nc := coreSub(t, "core.w", c.Handle)
 	for i := range 10 {
 		nc.Publish("core.w", []byte(strconv.Itoa(i)))
 	}
@@ -245,10 +245,11 @@ func TestNewCoreErrors(t *testing.T) {
 	g := newGate(t, throttle.PerSecond(10), nil)
 	h := func(*nats.Msg) {}
 	for name, f := range map[string]func() error{
-		"next":               func() error { _, err := NewCore(nil, g); return err },
-		"gate":               func() error { _, err := NewCore(h, nil); return err },
-		"WithCoreMaxWait":    func() error { _, err := NewCore(h, g, WithCoreMaxWait(-1)); return err },
-		"WithCoreMaxWaiting": func() error { _, err := NewCore(h, g, WithCoreMaxWaiting(-1)); return err },
+		"next":                func() error { _, err := NewCore(nil, g); return err },
+		"gate":                func() error { _, err := NewCore(h, nil); return err },
+		"WithCoreMaxWait":     func() error { _, err := NewCore(h, g, WithCoreMaxWait(-1)); return err },
+		"WithCoreMaxWaiting":  func() error { _, err := NewCore(h, g, WithCoreMaxWaiting(-1)); return err },
+		"WithCoreConcurrency": func() error { _, err := NewCore(h, g, WithCoreConcurrency(-1)); return err },
 	} {
 		var oe *throttle.OptionError
 		if err := f(); !errors.As(err, &oe) || oe.Field != name {
@@ -273,7 +274,7 @@ func TestCoreFloodGivesBackSlots(t *testing.T) {
 	}
 	rec := newCoreRecorder()
 	c := newCore(t, rec.handle, g, WithCoreErrorHandler(rec.onError), WithCoreMaxWait(300*time.Millisecond))
-	nc := coreSub(t, "core.flood", c)
+	nc := coreSub(t, "core.flood", c.Handle)
 	const total = 2000
 	for i := range total {
 		nc.Publish("core.flood", []byte(strconv.Itoa(i)))
@@ -320,7 +321,7 @@ func TestCoreInFlight(t *testing.T) {
 		rec.handle(m)
 	}
 	c := newCore(t, slow, g, WithCoreErrorHandler(rec.onError), WithCoreInFlight(slots, time.Second))
-	nc := coreSub(t, "core.slots", c)
+	nc := coreSub(t, "core.slots", c.Handle)
 	for i := range 10 {
 		nc.Publish("core.slots", []byte(strconv.Itoa(i)))
 	}

@@ -102,7 +102,10 @@
 // (Nats-Service-Error-Code 429, Nats-Service-Error, Retry-After), and
 // every give-up goes to the error handler, the logger and a counter. The
 // Core reports the messages NATS drops from a slow subscription;
-// WithCoreInFlight adds an in-flight limit.
+// WithCoreInFlight adds an in-flight limit. WithCoreConcurrency(n) runs n
+// handlers, shared among keys by the same fair shares as the JetStream
+// Handler's, so that the subscription never waits for a handler and a
+// calm key never waits behind a flood.
 //
 // # Configuration errors
 //

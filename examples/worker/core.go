@@ -33,8 +33,6 @@ func checkCore(cfg config) error {
 		return errors.New("-core runs in one process: drop -instances")
 	case cfg.Faults != "":
 		return errors.New("-core has no faults to inject (core NATS cannot redeliver what a fault loses): drop -faults")
-	case cfg.InFlight > 0:
-		return errors.New("-core has no in-flight limit: drop -inflight")
 	case cfg.PartnerQuota != "" || cfg.Partner != "":
 		return errors.New("-core has no partner: drop -partner and -partner-quota")
 	case cfg.CoreMaxWait < 0:
@@ -90,11 +88,21 @@ func (a *coreRequests) line() string {
 }
 
 // consumeCore subscribes the worker to core.<tenant> through a
-// natsthrottle.Core on gate; its give-ups are recorded per tenant (the
-// report's given_up, from the Core's own reports). cl unsubscribes and
-// closes the Core.
-func consumeCore(nc *nats.Conn, cfg config, gate *throttle.Gate, w *worker, rec *recorder, cl *closers) (*natsthrottle.Core, error) {
-	core, err := natsthrottle.NewCore(w.handleCore, gate,
+// natsthrottle.Core on gate, with cfg.Handlers handlers (shared fairly
+// across tenants, weighted by weight, with -fair) and the in-flight limit
+// inf when not nil; its give-ups are recorded per tenant (the report's
+// given_up, from the Core's own reports). cl unsubscribes and closes the
+// Core.
+func consumeCore(nc *nats.Conn, cfg config, weight func(string) float64, gate *throttle.Gate, inf throttle.InFlightLimiter, w *worker, rec *recorder, cl *closers) (*natsthrottle.Core, error) {
+	opts := []natsthrottle.CoreOption{
+		natsthrottle.WithCoreConcurrency(cfg.Handlers),
+		natsthrottle.WithCoreFair(cfg.Fair),
+		natsthrottle.WithCoreWeights(weight),
+	}
+	if inf != nil {
+		opts = append(opts, natsthrottle.WithCoreInFlight(inf, inFlightLease))
+	}
+	core, err := natsthrottle.NewCore(w.handleCore, gate, append(opts,
 		natsthrottle.WithCoreKeyFunc(func(m *nats.Msg) (string, error) {
 			tenant, ok := strings.CutPrefix(m.Subject, coreSubjectPrefix)
 			if !ok || tenant == "" {
@@ -117,7 +125,7 @@ func consumeCore(nc *nats.Conn, cfg config, gate *throttle.Gate, w *worker, rec 
 				return
 			}
 			w.throttleErrs.add("core "+m.Subject, err)
-		}))
+		}))...)
 	if err != nil {
 		return nil, err
 	}

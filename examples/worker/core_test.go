@@ -73,7 +73,6 @@ func TestCoreFlags(t *testing.T) {
 	for _, c := range []func(*config){
 		func(c *config) { c.Core, c.RedisURL = true, "redis://localhost:1/0" },
 		func(c *config) { c.Core, c.Instances = true, 2 },
-		func(c *config) { c.Core, c.InFlight = true, 2 },
 		func(c *config) { c.Core, c.Faults = true, "kill-redis" },
 		func(c *config) { c.CoreMaxWait = time.Second },
 	} {
@@ -82,5 +81,50 @@ func TestCoreFlags(t *testing.T) {
 		if err := checkCore(cfg); err == nil || !strings.Contains(err.Error(), "-core") {
 			t.Errorf("checkCore(%+v): %v, want an error naming -core", cfg, err)
 		}
+	}
+}
+
+// TestRunCoreFairShares runs fairTrace on core NATS: with the fair shares
+// of -handlers the calm tenant starts about at once beside the floods,
+// the floods' starts go about 3 to 1 (their weights), and every job runs
+// exactly once, none given up; first come, first served (-fair=false)
+// the calm tenant waits behind the floods.
+func TestRunCoreFairShares(t *testing.T) {
+	for _, fair := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.JobsPath = fairTrace(t)
+			cfg.Core = true
+			cfg.Fair = fair
+			cfg.Handlers = 8
+			cfg.Work = 100 * time.Millisecond
+			cfg.Timeout = 30 * time.Second
+			rep, out := mustWork(t, cfg)
+			checkConsumer(t, rep, map[string]int{"gold": 160, "tin": 160, "calm": 25})
+			if !strings.Contains(lastLine(out.String()), "OK: all 345 jobs handled exactly once on core NATS") {
+				t.Errorf("verdict: %q", lastLine(out.String()))
+			}
+			by := byTenant(rep)
+			calm := by["calm"]
+			if !fair {
+				if calm.WaitP50 < time.Second {
+					t.Errorf("first come, first served: calm's p50 wait %v, want it behind the floods (over 1 s)", calm.WaitP50)
+				}
+				return
+			}
+			if calm.WaitP99 > 300*time.Millisecond {
+				t.Errorf("calm's p99 wait %v beside the floods, want it about at once (under 300 ms)", calm.WaitP99)
+			}
+			// Both floods wait through seconds 1 and 2; gold's starts over
+			// them are about 3 times tin's.
+			g, tn := 0, 0
+			for s := 1; s <= 2; s++ {
+				g += by["gold"].StartsPerS[s]
+				tn += by["tin"].StartsPerS[s]
+			}
+			if ratio := float64(g) / float64(tn); ratio < 2.4 || ratio > 3.6 {
+				t.Errorf("gold %d, tin %d starts in seconds 1-2: ratio %.2f, want about 3", g, tn, ratio)
+			}
+		})
 	}
 }

@@ -249,7 +249,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	stopConsumer := func() {}
 	var core *coreSender
 	if cfg.Core {
-		if _, err := consumeCore(nc, cfg, gate, w, rec, &cl); err != nil {
+		if _, err := consumeCore(nc, cfg, jf.weight, gate, inf, w, rec, &cl); err != nil {
 			return report{}, err
 		}
 		core = &coreSender{nc: nc, requests: jf.Requests, timeout: cfg.CoreMaxWait + 5*time.Second, answers: &coreRequests{}}
