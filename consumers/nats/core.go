@@ -180,6 +180,19 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 	return c, nil
 }
 
+// Waiting returns how many messages wait in process right now, for their
+// slot or (WithCoreConcurrency) a handler: at most WithCoreMaxWaiting per
+// key.
+func (c *Core) Waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, w := range c.waiting {
+		n += w
+	}
+	return n
+}
+
 // GivenUp returns how many messages the Core gave up.
 func (c *Core) GivenUp() int64 { return c.givenUp.Load() }
 

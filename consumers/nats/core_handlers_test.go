@@ -274,3 +274,75 @@ func TestCoreConcurrencyInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestCoreBurstBounded: 10,000 messages at once on one key, the handlers
+// held: with or without WithCoreConcurrency, at most WithCoreMaxWaiting
+// (500) wait in process (each holding its *nats.Msg: that is the memory
+// bound), the rest are given up and reported, and every message is
+// accounted for: handled, given up, or dropped by NATS and reported as a
+// slow consumer.
+func TestCoreBurstBounded(t *testing.T) {
+	const total, bound = 10_000, 500
+	for _, handlers := range []int{0, 4} {
+		t.Run(fmt.Sprintf("handlers=%d", handlers), func(t *testing.T) {
+			s := newCoreStarts(0)
+			rec := newCoreRecorder()
+			// Without handlers, an admitted message runs on the
+			// subscription's goroutine, so none is held: the others wait
+			// for their slots, 1 a minute, reserved within the wait.
+			g, err := throttle.NewGate(mustMemory(t, throttle.Rate{Count: 1, Per: time.Minute}), throttle.WithReservations(10*time.Hour))
+			if handlers > 0 {
+				s.release = make(chan struct{})
+				defer close(s.release)
+				g = newGate(t, throttle.PerSecond(1_000_000), nil)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newCore(t, s.handle, g, WithCoreErrorHandler(rec.onError), WithCoreConcurrency(handlers),
+				WithCoreMaxWaiting(bound), WithCoreMaxWait(10*time.Hour))
+			var subp atomic.Pointer[nats.Subscription]
+			nc := coreSub(t, "core.burst", func(m *nats.Msg) { subp.Store(m.Sub); c.Handle(m) })
+			for i := range total {
+				nc.Publish("core.burst", []byte(strconv.Itoa(i)))
+			}
+			nc.Flush()
+			waitFor(t, 5*time.Second, "the first message", func() bool { return subp.Load() != nil })
+			sub := subp.Load()
+			running := max(handlers, 1) // held, or the one admitted
+			waitFor(t, 20*time.Second, "every message running, waiting or given up", func() bool {
+				h, _ := s.counts()
+				_, _, up := rec.counts()
+				return h+c.Waiting()+up >= total-dropped(sub)
+			})
+			if n := c.Waiting(); n > bound {
+				t.Errorf("%d waiting, want at most %d", n, bound)
+			}
+			h, _ := s.counts()
+			_, _, up := rec.counts()
+			if h != running || c.Waiting() != bound || up != total-running-bound-dropped(sub) || c.GivenUp() != int64(up) {
+				t.Errorf("%d running, %d waiting, %d given up (%d counted), %d dropped by NATS; want %d, %d, the rest", h, c.Waiting(), up, c.GivenUp(), dropped(sub), running, bound)
+			}
+			rec.mu.Lock()
+			reported := len(rec.other)
+			rec.mu.Unlock()
+			if dropped(sub) > 0 && reported == 0 {
+				t.Errorf("NATS dropped %d messages, none reported", dropped(sub))
+			}
+		})
+	}
+}
+
+func dropped(sub *nats.Subscription) int {
+	n, _ := sub.Dropped()
+	return n
+}
+
+func mustMemory(t *testing.T, r throttle.Rate) *window.Memory {
+	t.Helper()
+	m, err := window.NewMemory(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
