@@ -27,10 +27,6 @@ func checkCore(cfg config) error {
 			return errors.New("-core-max-wait needs -core")
 		}
 		return nil
-	case cfg.RedisURL != "":
-		return errors.New("-core runs the NATS side alone, in process: drop -redis")
-	case cfg.Instances > 1:
-		return errors.New("-core runs in one process: drop -instances")
 	case cfg.Faults != "":
 		return errors.New("-core has no faults to inject (core NATS cannot redeliver what a fault loses): drop -faults")
 	case cfg.PartnerQuota != "" || cfg.Partner != "":
@@ -90,10 +86,10 @@ func (a *coreRequests) line() string {
 // consumeCore subscribes the worker to core.<tenant> through a
 // natsthrottle.Core on gate, with cfg.Handlers handlers (shared fairly
 // across tenants, weighted by weight, with -fair) and the in-flight limit
-// inf when not nil; its give-ups are recorded per tenant (the report's
-// given_up, from the Core's own reports). cl unsubscribes and closes the
+// inf when not nil; its give-ups are recorded per tenant in w's events
+// (the report's given_up, from the Core's own reports). cl unsubscribes and closes the
 // Core.
-func consumeCore(nc *nats.Conn, cfg config, weight func(string) float64, gate *throttle.Gate, inf throttle.InFlightLimiter, w *worker, rec *recorder, cl *closers) (*natsthrottle.Core, error) {
+func consumeCore(nc *nats.Conn, cfg config, weight func(string) float64, gate *throttle.Gate, inf throttle.InFlightLimiter, w *worker, cl *closers) (*natsthrottle.Core, error) {
 	opts := []natsthrottle.CoreOption{
 		natsthrottle.WithCoreConcurrency(cfg.Handlers),
 		natsthrottle.WithCoreFair(cfg.Fair),
@@ -121,7 +117,7 @@ func consumeCore(nc *nats.Conn, cfg config, weight func(string) float64, gate *t
 		natsthrottle.WithCoreErrorHandler(func(m *nats.Msg, err error) {
 			var ge *natsthrottle.GiveUpError
 			if errors.As(err, &ge) {
-				rec.givenUp(ge.Key)
+				w.rec.givenUp(ge.Key)
 				return
 			}
 			w.throttleErrs.add("core "+m.Subject, err)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/queuethrottle/queuethrottle/internal/redistest"
 )
 
 // coreJobs writes a trace of two tenants at 5/1s, 20 jobs each at t=0:
@@ -68,11 +70,48 @@ func TestRunCore(t *testing.T) {
 	}
 }
 
+// TestRunCoreRedis runs coreJobs with the limits in Redis: with
+// -instances 2 the worker processes share one limit per tenant (their
+// admissions together within it) and the queue group spreads the jobs;
+// in one process asynq gets the same jobs. With -core-max-wait 100ms the
+// give-ups of every process are counted per tenant, each request among
+// them answered 429, none unanswered.
+func TestRunCoreRedis(t *testing.T) {
+	for _, instances := range []int{1, 2} {
+		t.Run(fmt.Sprintf("instances=%d", instances), func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.JobsPath = coreJobs(t)
+			cfg.Core = true
+			cfg.Instances = instances
+			cfg.RedisURL = "redis://" + redistest.Start(t).Addr() + "/0"
+			cfg.Timeout = 20 * time.Second
+			cfg.CoreMaxWait = 100 * time.Millisecond
+			rep, out := mustWork(t, cfg)
+			if !rep.OK() {
+				t.Fatalf("not OK: %s", lastLine(out.String()))
+			}
+			by := byTenant(rep)
+			for name, tr := range by {
+				if tr.Handled+tr.GivenUp != 20 || tr.GivenUp < 10 || tr.MaxInWindow > 5 {
+					t.Errorf("%s: handled %d, given up %d, max %d in a window; want 20 in all, at least 10 given up, <= 5", name, tr.Handled, tr.GivenUp, tr.MaxInWindow)
+				}
+			}
+			if a := rep.Requests; a == nil || a.ok != by["req"].Handled || a.limited != by["req"].GivenUp || a.unanswered != 0 {
+				t.Errorf("requests %+v; want %d answered by the handler, %d answered 429, none unanswered", a, by["req"].Handled, by["req"].GivenUp)
+			}
+			if instances == 1 {
+				if rep.Asynq == nil {
+					t.Fatal("no asynq report with -redis")
+				}
+				checkConsumer(t, *rep.Asynq, map[string]int{"req": 20, "plain": 20})
+			}
+		})
+	}
+}
+
 // TestCoreFlags: what -core does not run with is refused, naming the flag.
 func TestCoreFlags(t *testing.T) {
 	for _, c := range []func(*config){
-		func(c *config) { c.Core, c.RedisURL = true, "redis://localhost:1/0" },
-		func(c *config) { c.Core, c.Instances = true, 2 },
 		func(c *config) { c.Core, c.Faults = true, "kill-redis" },
 		func(c *config) { c.CoreMaxWait = time.Second },
 	} {

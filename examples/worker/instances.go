@@ -41,7 +41,7 @@ const childEnv = "QUEUETHROTTLE_EXAMPLE_WORKER_PROCESS"
 
 // record is one JSON line from a worker process.
 type record struct {
-	Kind   string   `json:"kind"` // "admit", "handle", "ack", "nak", "hold", "term", "metrics", "error" or "done"
+	Kind   string   `json:"kind"` // "admit", "handle", "ack", "nak", "hold", "term", "given_up", "ready", "metrics", "error" or "done"
 	Tenant string   `json:"tenant,omitempty"`
 	N      int      `json:"n,omitempty"`      // admit: cost units
 	ID     string   `json:"id,omitempty"`     // admit: the admission's identity; ack: the job
@@ -100,6 +100,8 @@ func (w *recordWriter) hold(tenant string, seq uint64, at time.Time) {
 }
 
 func (w *recordWriter) term(tenant string) { w.send(record{Kind: "term", Tenant: tenant}) }
+
+func (w *recordWriter) givenUp(tenant string) { w.send(record{Kind: "given_up", Tenant: tenant}) }
 
 // workerProcess is the -worker-only mode: consume the jobs of the stream
 // on the NATS server at cfg.NATSURL with the Redis limiter under
@@ -165,24 +167,33 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 	if err != nil {
 		return err
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	src, err := findSource(ctx, js, cfg)
-	if err != nil {
-		return err
-	}
 	w := &worker{rec: rw, tracer: tp.Tracer(scopeName), proc: cfg.WorkerID, reserved: newReservedIDs(), work: cfg.Work}
 	if cfg.PartnerURL != "" {
 		w.partner = newPartnerClient(cfg.PartnerURL, cfg.Handlers, pset.adapt)
 	}
 	lim.rejected = w.reserved.set
-	stopConsumer, err := consume(src, cfg, jf.weight, gate, inf, w, tp)
-	if err != nil {
-		return err
+	stopConsumer := func() {}
+	if cfg.Core {
+		// Core NATS keeps nothing for a subscriber that is not there yet:
+		// the main process publishes once every process is ready.
+		if _, err := consumeCore(nc, cfg, jf.weight, gate, inf, w, &cl); err != nil {
+			return err
+		}
+	} else {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		src, err := findSource(ctx, js, cfg)
+		if err != nil {
+			return err
+		}
+		if stopConsumer, err = consume(src, cfg, jf.weight, gate, inf, w, tp); err != nil {
+			return err
+		}
+		cl.add(stopConsumer)
 	}
-	cl.add(stopConsumer)
+	rw.send(record{Kind: "ready"})
 
 	select {
 	case <-stop:
@@ -245,7 +256,8 @@ type processes struct {
 	longest  time.Duration // the longest limiter decision of any process
 	stopping bool
 
-	deliveries atomic.Int64 // the deliveries the processes saw (their done records)
+	deliveries atomic.Int64  // the deliveries the processes saw (their done records)
+	ready      chan struct{} // a process is consuming (its ready record)
 }
 
 // startProcesses starts n worker processes (os.Executable() with
@@ -264,7 +276,7 @@ func startProcesses(cfg config, n int, natsURL, keyPrefix string, rec *recorder,
 		return nil, err
 	}
 	// Room for a replacement per process, so a send never blocks.
-	ps := &processes{rec: rec, out: out, exited: make(chan error, 2*n), cfg: cfg, exe: exe, jobsPath: jobsPath, natsURL: natsURL, keyPrefix: keyPrefix}
+	ps := &processes{rec: rec, out: out, exited: make(chan error, 2*n), ready: make(chan struct{}, 2*n), cfg: cfg, exe: exe, jobsPath: jobsPath, natsURL: natsURL, keyPrefix: keyPrefix}
 	for id := 1; id <= n; id++ {
 		if err := ps.start(id); err != nil {
 			ps.stop(0)
@@ -283,7 +295,8 @@ func (ps *processes) start(id int) error {
 		"-reservations", cfg.Reservations.String(), "-redis-timeout", cfg.RedisTimeout.String(),
 		"-inflight", strconv.Itoa(cfg.InFlight), "-work", cfg.Work.String(),
 		"-fair=" + strconv.FormatBool(cfg.Fair), "-handlers", strconv.Itoa(cfg.Handlers), "-faults", cfg.Faults,
-		"-partner", cfg.Partner, "-partner-url", cfg.PartnerURL}
+		"-partner", cfg.Partner, "-partner-url", cfg.PartnerURL,
+		"-core=" + strconv.FormatBool(cfg.Core), "-core-max-wait", cfg.CoreMaxWait.String()}
 	if cfg.Metrics != "" {
 		addr, err := processMetricsAddr(cfg.Metrics, id)
 		if err != nil {
@@ -311,6 +324,22 @@ func (ps *processes) start(id int) error {
 	ps.list = append(ps.list, p)
 	ps.mu.Unlock()
 	go ps.read(p, stdout)
+	return nil
+}
+
+// waitReady waits until n processes are consuming, or fails after
+// timeout or when one ended early.
+func (ps *processes) waitReady(n int, timeout time.Duration) error {
+	deadline := time.After(timeout)
+	for range n {
+		select {
+		case <-ps.ready:
+		case err := <-ps.exited:
+			return err
+		case <-deadline:
+			return fmt.Errorf("-instances: the worker processes were not all consuming after %v", timeout)
+		}
+	}
 	return nil
 }
 
@@ -400,6 +429,13 @@ func (ps *processes) apply(p *process, r record) {
 		ps.rec.hold(r.Tenant, r.Seq, recordTime(r.At))
 	case "term":
 		ps.rec.term(r.Tenant)
+	case "given_up":
+		ps.rec.givenUp(r.Tenant)
+	case "ready":
+		select {
+		case ps.ready <- struct{}{}:
+		default: // a replacement's: nobody waits for it
+		}
 	case "metrics":
 		fmt.Fprintf(ps.out, "worker process #%d serves the throttle's metrics for Prometheus at http://%s/metrics\n", p.id, r.Addr)
 	case "error":
@@ -529,12 +565,19 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 		cfg.Instances, spec.describe(rc.Options().Addr), q.text()+"; quotas in Redis hash "+prefix+"quotas", describeInFlight(cfg.InFlight, rc), describeWork(cfg.Work))
 	fmt.Fprint(out, drainNote(jf, cfg, cfg.Instances), spec.costNote(jf, q.rate))
 
+	var core *coreSender
+	if cfg.Core {
+		if err := ps.waitReady(cfg.Instances, 30*time.Second); err != nil {
+			return report{}, err
+		}
+		core = &coreSender{nc: nc, requests: jf.Requests, timeout: cfg.CoreMaxWait + 5*time.Second, answers: &coreRequests{}}
+	}
 	tp := noop.NewTracerProvider()
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	pubDone := make(chan error, 1)
 	go func() {
-		pubDone <- publish(pctx, js, nil, tp.Tracer(scopeName), propagation.TraceContext{}, jf.Jobs, start, rec, nil, out)
+		pubDone <- publish(pctx, js, core, tp.Tracer(scopeName), propagation.TraceContext{}, jf.Jobs, start, rec, nil, out)
 	}()
 	var complete <-chan struct{} = rec.complete
 	var faultErrs <-chan error
@@ -562,6 +605,10 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	rep.Instances = cfg.Instances
 	rep.InFlight = cfg.InFlight
 	rep.timeline.Handlers = cfg.Handlers * cfg.Instances
+	if core != nil {
+		core.answers.wg.Wait()
+		rep.Core, rep.Requests = true, core.answers
+	}
 	if hs, ok := ps.hybridStats(); ok {
 		rep.Hybrid = &hs
 	}

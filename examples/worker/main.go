@@ -288,8 +288,8 @@ func main() {
 	flag.StringVar(&cfg.PartnerURL, "partner-url", "", "the partner server of the run")
 	flag.StringVar(&cfg.Partner, "partner", "", "the partner's `limit` COUNT/PERIOD: one key stacked on every tenant's limit (throttle.All), for both consumers and every process")
 	flag.StringVar(&cfg.PartnerQuota, "partner-quota", "", "start a simulated partner that every handler calls once per job, accepting at most `RATE` (a sliding window the throttle is not told about) and answering the rest 429 with Retry-After; a job counts as handled when the partner accepted its call")
-	flag.BoolVar(&cfg.Core, "core", false, "publish the trace on core NATS instead of JetStream (requests for a tenant whose rate line says \"request\": true) and consume it through natsthrottle.Core: a job that cannot wait is given up and reported (the report's given_up); in process, NATS only")
-	flag.DurationVar(&cfg.CoreMaxWait, "core-max-wait", cfg.CoreMaxWait, "with -core, how long a job may wait in process for its slot (WithCoreMaxWait) before it is given up")
+	flag.BoolVar(&cfg.Core, "core", false, "publish the trace on core NATS instead of JetStream (requests for a tenant whose rate line says \"request\": true) and consume it through natsthrottle.Core: a job that cannot wait is given up and reported (the report's given_up); with -redis asynq gets the jobs too, with -instances the processes share one queue group")
+	flag.DurationVar(&cfg.CoreMaxWait, "core-max-wait", cfg.CoreMaxWait, "with -core, how long a job may wait in process for its slot or a handler (WithCoreMaxWait) before it is given up")
 	flag.StringVar(&cfg.PartnerQuotaAfter, "partner-quota-after", "", "change the partner's quota during the run: `T=RATE`[,...] from the replay's start, e.g. 10s=10/1s")
 	flag.Usage = usage
 	flag.Parse()

@@ -107,6 +107,9 @@ type events interface {
 	// hold records an InProgress for stream sequence seq, sent at at.
 	hold(tenant string, seq uint64, at time.Time)
 	term(tenant string)
+	// givenUp records a core NATS message of tenant that the throttle
+	// gave up (-core).
+	givenUp(tenant string)
 }
 
 var _ events = (*recorder)(nil)
@@ -737,18 +740,7 @@ func (rep report) verdict() string {
 // exactly once (or again, explained by a fault), none lost.
 func (rep report) deliveryVerdict() string {
 	if rep.Core {
-		given := 0
-		for _, t := range rep.Tenants {
-			given += t.GivenUp
-		}
-		switch {
-		case !rep.NoneLost() || len(rep.Explained) > 0:
-			return "FAIL: not every job handled exactly once or given up and reported: " + rep.failures()
-		case given == 0:
-			return fmt.Sprintf("OK: all %s handled exactly once on core NATS in %.1fs", plural(rep.Jobs, "job"), rep.Elapsed.Seconds())
-		}
-		return fmt.Sprintf("OK: %d of %s handled exactly once on core NATS, %d given up and reported (core NATS cannot deliver them again), in %.1fs",
-			rep.Jobs-given, plural(rep.Jobs, "job"), given, rep.Elapsed.Seconds())
+		return rep.coreVerdict()
 	}
 	if rep.Asynq == nil {
 		by := ""
@@ -778,6 +770,32 @@ func (rep report) deliveryVerdict() string {
 		archived = "unknown"
 	}
 	return fmt.Sprintf("FAIL: not every job handled exactly once: NATS: %s; asynq: %s, %s archived", rep.failures(), a.failures(), archived)
+}
+
+// coreVerdict is deliveryVerdict for -core: on core NATS every job
+// handled exactly once or given up and reported; with -redis, on asynq
+// every job handled exactly once, none archived.
+func (rep report) coreVerdict() string {
+	given := 0
+	for _, t := range rep.Tenants {
+		given += t.GivenUp
+	}
+	a := rep.Asynq
+	switch {
+	case !rep.NoneLost() || len(rep.Explained) > 0:
+		return "FAIL: not every job handled exactly once or given up and reported on core NATS: " + rep.failures()
+	case a != nil && (!a.ExactlyOnce() || a.Archived != 0):
+		return fmt.Sprintf("FAIL: not every job handled exactly once on asynq: %s, %d archived", a.failures(), a.Archived)
+	}
+	onAsynq, elapsed := "", rep.Elapsed
+	if a != nil {
+		onAsynq, elapsed = ", and exactly once on asynq, 0 archived,", max(elapsed, a.Elapsed)
+	}
+	if given == 0 {
+		return fmt.Sprintf("OK: all %s handled exactly once on core NATS%s in %.1fs", plural(rep.Jobs, "job"), onAsynq, elapsed.Seconds())
+	}
+	return fmt.Sprintf("OK: %d of %s handled exactly once on core NATS, %d given up and reported (core NATS cannot deliver them again)%s in %.1fs",
+		rep.Jobs-given, plural(rep.Jobs, "job"), given, onAsynq, elapsed.Seconds())
 }
 
 // overLimits names the tenants, per consumer, that went over their

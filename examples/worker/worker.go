@@ -249,7 +249,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	stopConsumer := func() {}
 	var core *coreSender
 	if cfg.Core {
-		if _, err := consumeCore(nc, cfg, jf.weight, gate, inf, w, rec, &cl); err != nil {
+		if _, err := consumeCore(nc, cfg, jf.weight, gate, inf, w, &cl); err != nil {
 			return report{}, err
 		}
 		core = &coreSender{nc: nc, requests: jf.Requests, timeout: cfg.CoreMaxWait + 5*time.Second, answers: &coreRequests{}}
@@ -984,34 +984,14 @@ func publishInOrder(ctx context.Context, js jetstream.JetStream, core *coreSende
 		msg.Header.Set(jetstream.MsgIDHeader, j.ID)
 		prop.Inject(sctx, natsthrottle.HeaderCarrier(msg.Header))
 		if core != nil { // -core: no retries, no acks (core NATS has neither)
-			err := core.send(msg, j.Tenant)
+			err = core.send(msg, j.Tenant)
 			span.End()
 			if err != nil {
 				return fmt.Errorf("job %s: %w", j.ID, err)
 			}
 			rec.published(j.Tenant, j.ID, 0)
-			continue
-		}
-		failures, err := retry(ctx, func(ctx context.Context, n int) error {
-			pctx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
-			defer cancel()
-			ack, err := js.PublishMsg(pctx, msg)
-			if err != nil {
-				return err
-			}
-			// A duplicate after a failed attempt is that attempt's copy:
-			// the stream is new, so nothing else has this id.
-			if !ack.Duplicate || n > 1 {
-				rec.published(j.Tenant, j.ID, ack.Sequence)
-			}
-			return nil
-		}, retryLine(out, "publish job "+j.ID))
-		span.End()
-		if err != nil {
-			return fmt.Errorf("job %s: %w", j.ID, err)
-		}
-		if failures > 0 {
-			fmt.Fprintf(out, "published job %s after %s\n", j.ID, plural(failures, "failed attempt"))
+		} else if err := publishJetStream(ctx, js, msg, j, rec, span, out); err != nil {
+			return err
 		}
 		if enqueue != nil {
 			failures, err := retry(ctx, func(ctx context.Context, n int) error { return enqueue(ctx, j, n > 1) }, retryLine(out, "enqueue job "+j.ID))
@@ -1022,6 +1002,33 @@ func publishInOrder(ctx context.Context, js jetstream.JetStream, core *coreSende
 				fmt.Fprintf(out, "enqueued job %s after %s\n", j.ID, plural(failures, "failed attempt"))
 			}
 		}
+	}
+	return nil
+}
+
+// publishJetStream publishes j's msg to the stream, retried, and records
+// it; span is the send's, ended here.
+func publishJetStream(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, j job, rec *recorder, span trace.Span, out io.Writer) error {
+	failures, err := retry(ctx, func(ctx context.Context, n int) error {
+		pctx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
+		defer cancel()
+		ack, err := js.PublishMsg(pctx, msg)
+		if err != nil {
+			return err
+		}
+		// A duplicate after a failed attempt is that attempt's copy:
+		// the stream is new, so nothing else has this id.
+		if !ack.Duplicate || n > 1 {
+			rec.published(j.Tenant, j.ID, ack.Sequence)
+		}
+		return nil
+	}, retryLine(out, "publish job "+j.ID))
+	span.End()
+	if err != nil {
+		return fmt.Errorf("job %s: %w", j.ID, err)
+	}
+	if failures > 0 {
+		fmt.Fprintf(out, "published job %s after %s\n", j.ID, plural(failures, "failed attempt"))
 	}
 	return nil
 }
