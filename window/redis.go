@@ -97,6 +97,14 @@ type Redis struct {
 // ContextTimeoutEnabled: true whose ReadTimeout and WriteTimeout are not
 // both within WithTimeout (field "client"), since go-redis would then
 // ignore the context deadline that bounds each call.
+//
+// On a *redis.Client, NewRedis opens the two connections that coalesced
+// decisions use at once and loads the script on them, waiting at most 3
+// timeouts (at most 1 s) and failing on nothing: a connection opened
+// inside a decision would count its dial and handshake against the
+// decision's timeout, which a burst on a starved CPU outlasts. They stay
+// open as long as the client's pool keeps idle connections (its
+// ConnMaxIdleTime, 30 min by default; MinIdleConns keeps them).
 func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error) {
 	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
@@ -149,7 +157,14 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 	// slower (a test's), an expiry would look like a loss.
 	l.held.Off = cfg.clock != nil
 	janitor.Start(l, func(l *Redis) { l.held.Sweep() })
+	windowScript.Warm(c, coalesce.MaxInFlight, warmBound(cfg.timeout))
 	return l, nil
+}
+
+// warmBound is how long NewRedis waits for the connections it opens: 3
+// timeouts (a call's most with its grace), at most a second.
+func warmBound(timeout time.Duration) time.Duration {
+	return min((1+deadline.MaxGrace)*timeout, time.Second)
 }
 
 // Clock returns the clock the limiter decides on: WithClock's (or

@@ -21,10 +21,11 @@ import (
 type Script struct {
 	src, sha       string
 	argSrc, argSha any // boxed once
-	// loaded is set once a call of the script succeeded: until then it is
-	// sent as EVAL, which loads it, rather than as an EVALSHA that a fresh
-	// server refuses (NOSCRIPT), saving a round trip on a first call (a
-	// far server's first call also dials: every round trip counts).
+	// loaded is set once a call of the script succeeded (or Warm loaded
+	// it): until then it is sent as EVAL, which loads it, rather than as
+	// an EVALSHA that a fresh server refuses (NOSCRIPT), saving a round
+	// trip on a first call (a far server's first call also dials: every
+	// round trip counts).
 	loaded atomic.Bool
 }
 
