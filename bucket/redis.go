@@ -108,6 +108,12 @@ const maxArgInt = 64
 // ContextTimeoutEnabled: true whose ReadTimeout and WriteTimeout are not
 // both within WithTimeout (go-redis would then ignore the context deadline
 // that bounds each call; NewHybrid has the same rule).
+//
+// On a *redis.Client, NewRedis opens the two connections that coalesced
+// decisions use at once and loads the script on them, waiting at most 3
+// timeouts (at most 1 s) and failing on nothing, as window.NewRedis does:
+// a connection opened inside a decision would count its dial and
+// handshake against the decision's timeout.
 func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Redis, error) {
 	if rediskey.NilClient(c) {
 		return nil, &throttle.OptionError{Field: "client", Reason: "must not be nil"}
@@ -156,6 +162,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 		l.server = redisclock.New(t, cfg.serverLocal)
 		l.clock = l.server
 	}
+	takeScript.Warm(c, coalesce.MaxInFlight, min((1+deadline.MaxGrace)*cfg.timeout, time.Second))
 	return l, nil
 }
 
