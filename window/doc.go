@@ -238,11 +238,15 @@
 //
 // # Memory
 //
-// A Redis window holds one sorted-set member (a 20-30 byte identity and its
-// score) per admitted unit in the last Per. Measured on Redis 7.0: about 31
-// bytes per member while a key holds at most 128 members (a listpack, the
-// zset-max-listpack-entries default), about 120-130 bytes per member above
-// that (a skiplist). Keys expire one window after their last admission, so
+// A Redis window holds one sorted-set member (an 8-byte identity for
+// AllowN, the id and a unit number for AllowID, and its score) per
+// admitted unit in the last Per. Measured on Redis 7.0
+// (BenchmarkRedisBytesPerUnit: 1,000 keys, each full at a limit of 100):
+// 21.4 bytes per unit, all keys counted, while a key holds at most 128
+// members (a listpack, the zset-max-listpack-entries default; 36.7 with
+// the 20-byte members of earlier versions, which a key may hold beside
+// these during a rolling upgrade: both count alike), about 120-130 bytes
+// per member above that (a skiplist). Keys expire one window after their last admission, so
 // an idle key costs nothing. [Memory] holds at most Count entries per key
 // and window up to its furthest reservation (fewer when admissions share a
 // microsecond), forgets a key only once its log is empty (on decisions,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -322,6 +323,43 @@ func TestRedisKeyEscaping(t *testing.T) {
 	}
 }
 
+// TestRedisMembersOfEarlierVersions: during a rolling upgrade a key holds
+// the members of processes of the earlier version ("<16 hex>:<counter>",
+// written here as their script wrote them) beside this version's: both
+// count alike, so the two versions together admit at most the limit, and
+// a reservation made among them is kept and claimed.
+func TestRedisMembersOfEarlierVersions(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	r := throttle.Rate{Count: 10, Per: time.Minute}
+	l := newTestRedis(t, client, r)
+	now, err := client.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 { // an earlier process's admissions
+		client.ZAdd(ctx, l.key("k"), redis.Z{Score: float64(now.UnixMicro() - int64(i)), Member: fmt.Sprintf("88657fa7829418a3:%s", strconv.FormatInt(int64(i+1), 36))})
+	}
+	admitted := 0
+	for range 10 {
+		if d, err := l.Allow(ctx, "k"); err != nil {
+			t.Fatal(err)
+		} else if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 6 {
+		t.Errorf("%d admitted beside 4 units of an earlier version at a limit of 10, want 6", admitted)
+	}
+	d, err := l.AllowID(ctx, "k", 1, "job-1", time.Hour)
+	if err != nil || d.Allowed || !d.Reserved {
+		t.Fatalf("AllowID in a full window: %+v, %v; want a reservation", d, err)
+	}
+	if p, err := l.Peek(ctx, "k", 1); err != nil || p.Remaining != 0 {
+		t.Errorf("Peek: %+v, %v; want 0 remaining (the reservation counts)", p, err)
+	}
+}
+
 func TestRedisMembersUnique(t *testing.T) {
 	var a, b memberSource
 	if err := a.init(); err != nil {
@@ -337,6 +375,11 @@ func TestRedisMembersUnique(t *testing.T) {
 				t.Fatalf("member %q made twice", m)
 			}
 			seen[m] = true
+			// 8 bytes, apart from AllowID's "A"/"R" units and from the
+			// hex members of earlier versions.
+			if len(m) != memberLen || m[0] < 0x80 {
+				t.Fatalf("member %q: want %d bytes, the first at least 0x80", m, memberLen)
+			}
 		}
 	}
 	// n > 1 stores distinct members too.
