@@ -1,0 +1,110 @@
+package main
+
+import (
+	"math"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/queuethrottle/queuethrottle/throttle"
+)
+
+// exactStarts returns the exact schedule of jobs (in arrival order) under
+// their tenants' sliding windows: every job at the earliest instant, µs
+// after the replay's start, no earlier than its arrival, at which its
+// cost keeps every window of its tenant's limit (units at t count during
+// [t, t+Per)) within Count, the jobs placed before it included. A small
+// job may so take a gap before a larger job's instant, never moving it.
+// By brute force, with no bound on how far ahead it looks: the reference
+// a run's starts are judged against.
+func exactStarts(jobs []job, rateOf func(string) throttle.Rate) []int64 {
+	type unit struct {
+		at int64 // µs
+		n  int
+	}
+	placed := map[string][]unit{}
+	// fits reports whether n more units at s keep within limit every
+	// window ending at s or at a unit in (s, s+w): those are the windows
+	// whose count can change.
+	fits := func(us []unit, s int64, n, limit int, w int64) bool {
+		ends := []int64{s}
+		for _, u := range us {
+			if u.at > s && u.at < s+w {
+				ends = append(ends, u.at)
+			}
+		}
+		for _, x := range ends {
+			sum := n
+			for _, u := range us {
+				if u.at > x-w && u.at <= x {
+					sum += u.n
+				}
+			}
+			if sum > limit {
+				return false
+			}
+		}
+		return true
+	}
+	starts := make([]int64, len(jobs))
+	for i, j := range jobs {
+		r := rateOf(j.Tenant)
+		w, n, us := r.PerMicros(), max(j.Cost, 1), placed[j.Tenant]
+		// The earliest fit is the arrival or an instant a unit leaves.
+		cands := []int64{j.at().Microseconds()}
+		for _, u := range us {
+			if u.at+w > cands[0] {
+				cands = append(cands, u.at+w)
+			}
+		}
+		sort.Slice(cands, func(a, b int) bool { return cands[a] < cands[b] })
+		for _, s := range cands {
+			if fits(us, s, n, r.Count, w) {
+				starts[i] = s
+				placed[j.Tenant] = append(us, unit{s, n})
+				break
+			}
+		}
+	}
+	return starts
+}
+
+// spanOf returns first arrival to last start (as a report's seconds).
+func spanOf(jobs []job, starts []int64) time.Duration {
+	first, last := int64(math.MaxInt64), int64(0)
+	for i, j := range jobs {
+		first = min(first, j.at().Microseconds())
+		last = max(last, starts[i])
+	}
+	return time.Duration(last-first) * time.Microsecond
+}
+
+// TestCostsExactSchedule: testdata/costs.jsonl is what its README entry
+// says (51 jobs, 158 units, 5/1s), and its exact schedule ends 32 s after
+// the first arrival.
+func TestCostsExactSchedule(t *testing.T) {
+	jf, rateOf := loadCosts(t)
+	exact := exactStarts(jf.Jobs, rateOf)
+	if span := spanOf(jf.Jobs, exact); span != 32*time.Second {
+		t.Fatalf("exact schedule span %v, want 32s", span)
+	}
+}
+
+// loadCosts loads testdata/costs.jsonl and checks it is what its README
+// entry says: 51 jobs, 158 units, one tenant at 5/1s.
+func loadCosts(t *testing.T) (jobsFile, func(string) throttle.Rate) {
+	t.Helper()
+	jf, err := loadJobs("../../testdata/costs.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	units := 0
+	for _, j := range jf.Jobs {
+		units += max(j.Cost, 1)
+	}
+	rateOf := func(tenant string) throttle.Rate { return jf.Rates[tenant] }
+	if r := rateOf("costs"); len(jf.Jobs) != 51 || units != 158 || r != (throttle.Rate{Count: 5, Per: time.Second}) {
+		t.Fatalf("costs.jsonl: %d jobs, %d units, rate %v; want 51, 158, 5/1s", len(jf.Jobs), units, r)
+	}
+	return jf, rateOf
+}
