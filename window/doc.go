@@ -43,9 +43,9 @@
 //     included. Decision.Reserved is true and RetryAfter is s - now. With
 //     unit costs this is first come, first served per key; with mixed
 //     costs a small request may take a gap before a larger reservation
-//     (backfilling, looked for up to 16 windows ahead; beyond, the tail of
-//     the schedule), never delaying it. Beyond the horizon nothing is
-//     reserved and RetryAfter is when the request would fit.
+//     (backfilling, however far ahead the gap lies), never delaying it.
+//     Beyond the horizon nothing is reserved and RetryAfter is when the
+//     request would fit.
 //   - A request admitted now must keep every window within Count,
 //     reservations included: it never delays a reservation. AllowN obeys
 //     the same rule, so its rejections wait behind the reservations too.

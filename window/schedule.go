@@ -15,13 +15,6 @@ import (
 // at t counts during [t, t+window). The limit holds when every window of
 // length window holds at most limit units, reservations included.
 
-// backfillWindows bounds how far ahead of now (in windows) a rejection
-// looks for a gap before the tail of the schedule: beyond it, the request
-// takes the tail slot, which always fits. It bounds the work of one
-// decision when the schedule is long (the Redis script reads every entry
-// it looks at).
-const backfillWindows = 16
-
 // entry is n units at instant at (µs); reserved entries hold a future
 // slot for id.
 type entry struct {
@@ -332,8 +325,11 @@ func (l *windowLog) rejected(now, slot int64, reserved bool, lim limits) throttl
 
 // slot returns the earliest instant >= from (>= now) at which n more
 // units keep every window within limit, reservations included: the tail
-// of the schedule, or a gap before it within backfillWindows of from. The
-// caller has found that the units held and n exceed limit.
+// of the schedule, or a gap before it, however far ahead (a gap looked
+// for only within some windows of from would leave a small request behind
+// the tail when a long schedule has room for it further on, and a key of
+// mixed costs would lose that room for good). The caller has found that
+// the units held and n exceed limit.
 func (l *windowLog) slot(now, from int64, n, limit int, window int64) int64 {
 	tail := max(from, l.kthUnit(now-window, l.units+n-limit)+window)
 	if l.newest() <= from {
@@ -341,7 +337,7 @@ func (l *windowLog) slot(now, from int64, n, limit int, window int64) int64 {
 		// so the classic sliding window's instant is the first fit.
 		return tail
 	}
-	return firstFit(l.live(), from, min(tail, from+backfillWindows*window), tail, n, limit, window)
+	return firstFit(l.live(), from, tail, tail, n, limit, window)
 }
 
 // firstFit returns the earliest s in [from, end) at which n more units fit

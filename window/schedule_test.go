@@ -226,3 +226,45 @@ func TestSweepKeepsLateReservations(t *testing.T) {
 	step(3500*time.Millisecond, "w") // a late claim: reserved again at 4.5 s
 	step(3500*time.Millisecond, "y") // a late claim, ahead of w's: 4.5 s as well, not behind as a newcomer
 }
+
+// TestBackfillFarAhead: a small request takes the earliest gap of the
+// schedule however far ahead it lies, in Memory and in window.lua alike
+// (a gap was looked for only within 16 windows, so a request of cost 1
+// arriving with a gap 18 s ahead took the tail at 20 s). At 2/1s, all at
+// one instant: a admitted, b1..b(k-1) (cost 2) reserved at 1..k-1 s, c
+// (cost 1) at k s, d (cost 2) at k+1 s; then e (cost 1) fits beside c at
+// k s, and f (cost 1) at the tail, k+2 s. k = 15, 16 and 17 put the gap
+// around the end of window.lua's first 16-window step of the search.
+func TestBackfillFarAhead(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := throttle.Rate{Count: 2, Per: time.Second}
+	for _, k := range []int{3, 15, 16, 17, 18, 40} {
+		t.Run(fmt.Sprintf("gap at %d s", k), func(t *testing.T) {
+			mem, red, clock := newTwins(t, client, r)
+			clock.Set(throttletest.T0)
+			key := fmt.Sprint("backfill-", k)
+			type step struct {
+				id   string
+				n    int
+				slot time.Duration // 0: admitted now
+			}
+			steps := []step{{"a", 2, 0}}
+			for i := 1; i < k; i++ {
+				steps = append(steps, step{fmt.Sprint("b", i), 2, time.Duration(i) * time.Second})
+			}
+			at := time.Duration(k) * time.Second
+			steps = append(steps, step{"c", 1, at}, step{"d", 2, at + time.Second}, step{"e", 1, at}, step{"f", 1, at + 2*time.Second})
+			for _, l := range []throttle.IDLimiter{mem, red} {
+				for _, s := range steps {
+					d, err := l.AllowID(context.Background(), key, s.n, s.id, time.Minute)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if s.slot == 0 && !d.Allowed || s.slot > 0 && (!d.Reserved || d.RetryAfter != s.slot) {
+						t.Fatalf("%T: %s (cost %d): %+v; want its slot at %v", l, s.id, s.n, d, s.slot)
+					}
+				}
+			}
+		})
+	}
+}

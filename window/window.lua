@@ -60,7 +60,7 @@
 -- it), else re-reserved where that window will. Otherwise n units are
 -- admitted now if that keeps every window containing now within limit,
 -- reservations included; else the earliest such instant is the slot (the
--- tail of the schedule, or a gap within 16 windows before it), reserved
+-- tail of the schedule, or a gap before it, however far), reserved
 -- for AllowID when it lies within the horizon. Every write extends the
 -- key's expiry to cover its newest unit and the grace (PEXPIRE NX and GT:
 -- Redis 7.0 or newer).
@@ -597,6 +597,23 @@ local function decideKey(s, a, g)
 			return nil
 		end
 
+		-- search is firstFit over [from, stop), 16 windows at a time: each
+		-- step reads only the units of its own range (and a window either
+		-- side), so a search reads little beyond the gap it finds, however
+		-- long the schedule. The result is firstFit's over the whole range:
+		-- the first fit at or after each step's start is the earliest there.
+		local function search(from, stop, tail)
+			while from < stop do
+				local to = math.min(stop, from + 16 * window)
+				local found = firstFit(from, to, tail)
+				if found then
+					return found
+				end
+				from = to
+			end
+			return nil
+		end
+
 		if withID then
 			local s = known or redis.call("ZMSCORE", key, "A1:" .. base, "R1:" .. base)
 			if s[1] and tonumber(s[1]) > now - window then
@@ -676,17 +693,16 @@ local function decideKey(s, a, g)
 		local top = newestScore(key, now)
 		if top > start then
 			-- Reservations ahead: look for a gap before the tail (firstFit in
-			-- schedule.go), within 16 windows: in what the hint marks as
-			-- unknown ([now, D)), then from the hint's instant (no room
-			-- before it) or start.
-			local stop = math.min(tail, start + 16 * window)
+			-- schedule.go), however far: in what the hint marks as unknown
+			-- ([now, D)), then from the hint's instant (no room before it)
+			-- or start.
 			local from, unknownUntil = hinted(n)
 			local found
 			if unknownUntil > start then
-				found = firstFit(start, math.min(unknownUntil, stop), tail)
+				found = search(start, math.min(unknownUntil, tail), tail)
 			end
 			if not found then
-				found = firstFit(math.max(from, unknownUntil, start), stop, tail)
+				found = search(math.max(from, unknownUntil, start), tail, tail)
 			end
 			slot = found or tail
 			-- Only a search from now learns where nothing fits.

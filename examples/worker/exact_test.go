@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"math"
 	"sort"
 	"testing"
 	"time"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // exactStarts returns the exact schedule of jobs (in arrival order) under
@@ -107,4 +109,68 @@ func loadCosts(t *testing.T) (jobsFile, func(string) throttle.Rate) {
 		t.Fatalf("costs.jsonl: %d jobs, %d units, rate %v; want 51, 158, 5/1s", len(jf.Jobs), units, r)
 	}
 	return jf, rateOf
+}
+
+// replayStarts is the first-come-first-served replay of mustWait on
+// window.Memory at fixed instants: each job asks at its arrival, and a
+// job refused comes back after its RetryAfter (its reserved slot) until
+// admitted. It returns the instants (µs) the jobs were admitted at.
+func replayStarts(t *testing.T, jobs []job, rateOf func(string) throttle.Rate) []int64 {
+	t.Helper()
+	clock := &fixedClock{}
+	limiters := map[string]*window.Memory{}
+	type event struct {
+		at time.Duration
+		i  int
+	}
+	events := make([]event, 0, len(jobs))
+	for i, j := range jobs {
+		events = append(events, event{j.at(), i})
+	}
+	starts := make([]int64, len(jobs))
+	for len(events) > 0 {
+		sort.SliceStable(events, func(a, b int) bool { return events[a].at < events[b].at })
+		e := events[0]
+		events = events[1:]
+		j := jobs[e.i]
+		l := limiters[j.Tenant]
+		if l == nil {
+			var err error
+			if l, err = window.NewMemory(rateOf(j.Tenant), window.WithClock(clock)); err != nil {
+				t.Fatal(err)
+			}
+			limiters[j.Tenant] = l
+		}
+		clock.t = time.Unix(0, 0).Add(e.at)
+		d, err := l.AllowID(context.Background(), j.Tenant, max(j.Cost, 1), j.ID, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			starts[e.i] = e.at.Microseconds()
+			continue
+		}
+		events = append(events, event{e.at + d.RetryAfter, e.i})
+	}
+	return starts
+}
+
+// TestCostsReplayIsExact: the limiter's own schedule of costs.jsonl (the
+// slots window.Memory reserves, claimed on time) is the exact schedule:
+// no job starts later than the earliest instant that keeps every window
+// within the limit. The Redis script makes the same decisions
+// (window.TestMemoryAndRedisDecideAlike, window.TestBackfillFarAhead).
+func TestCostsReplayIsExact(t *testing.T) {
+	jf, rateOf := loadCosts(t)
+	exact := exactStarts(jf.Jobs, rateOf)
+	got := replayStarts(t, jf.Jobs, rateOf)
+	for i, j := range jf.Jobs {
+		if got[i] != exact[i] {
+			t.Errorf("%s (cost %d, at %d ms) starts at %v, the exact schedule at %v",
+				j.ID, j.Cost, j.AtMS, time.Duration(got[i])*time.Microsecond, time.Duration(exact[i])*time.Microsecond)
+		}
+	}
+	if span := spanOf(jf.Jobs, got); span != 32*time.Second {
+		t.Errorf("replay span %v, want the exact 32s", span)
+	}
 }
