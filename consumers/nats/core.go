@@ -23,8 +23,11 @@ const (
 	// its arrival (WithCoreMaxWait).
 	DefaultCoreMaxWait = 10 * time.Second
 	// DefaultCoreMaxWaiting is how many messages of one key may wait at
-	// once (WithCoreMaxWaiting).
+	// once for their slot (WithCoreMaxWaiting).
 	DefaultCoreMaxWaiting = 1000
+	// DefaultCoreMaxWaitingTotal is how many messages may wait in process
+	// at once over every key (WithCoreMaxWaitingTotal).
+	DefaultCoreMaxWaitingTotal = 10_000
 )
 
 // Headers of the reply to a request the Core gave up, after the NATS
@@ -119,7 +122,8 @@ type Core struct {
 	ends   chan struct{} // closed when a handler ends, with tokens (see handlerEnds)
 
 	mu         sync.Mutex
-	waiting    map[string]int
+	waiting    map[string]int // per key: messages waiting for their slot
+	inProcess  int            // messages in process that have not started
 	closed     bool
 	dropped    map[*nats.Subscription]int
 	watchedAt  atomic.Int64 // ns (time.Now().UnixNano()): the last look at the drops
@@ -137,6 +141,7 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 		cost:       func(*nats.Msg) (int, error) { return 1, nil },
 		maxWait:    DefaultCoreMaxWait,
 		maxWaiting: DefaultCoreMaxWaiting,
+		maxTotal:   DefaultCoreMaxWaitingTotal,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -154,6 +159,8 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 		return nil, &throttle.OptionError{Field: "WithCoreMaxWait", Reason: fmt.Sprintf("must be >= 0, got %v", cfg.maxWait)}
 	case cfg.maxWaiting < 0:
 		return nil, &throttle.OptionError{Field: "WithCoreMaxWaiting", Reason: fmt.Sprintf("must be >= 0, got %d", cfg.maxWaiting)}
+	case cfg.maxTotal < 0 || cfg.maxTotal == 0 && cfg.handlers > 0:
+		return nil, &throttle.OptionError{Field: "WithCoreMaxWaitingTotal", Reason: fmt.Sprintf("must be >= 0 (>= 1 with WithCoreConcurrency, where every message waits for a handler in process), got %d", cfg.maxTotal)}
 	case cfg.handlers < 0:
 		return nil, &throttle.OptionError{Field: "WithCoreConcurrency", Reason: fmt.Sprintf("must be >= 1 (or 0: none), got %d", cfg.handlers)}
 	case cfg.inFlight != nil && cfg.lease <= 0:
@@ -173,7 +180,9 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 			c.tokens <- struct{}{}
 		}
 	default:
-		if c.sched, err = fair.New(fair.Config{Handlers: cfg.handlers, Weight: cfg.weights}); err != nil {
+		// Waiting is bounded here (WithCoreMaxWaitingTotal), so the
+		// scheduler need not trim its queue across keys.
+		if c.sched, err = fair.New(fair.Config{Handlers: cfg.handlers, Weight: cfg.weights, MaxQueued: cfg.maxTotal}); err != nil {
 			return nil, err
 		}
 	}
@@ -181,16 +190,11 @@ func NewCore(next nats.MsgHandler, g *throttle.Gate, opts ...CoreOption) (*Core,
 }
 
 // Waiting returns how many messages wait in process right now, for their
-// slot or (WithCoreConcurrency) a handler: at most WithCoreMaxWaiting per
-// key.
+// slot or (WithCoreConcurrency) a handler: at most WithCoreMaxWaitingTotal.
 func (c *Core) Waiting() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
-	for _, w := range c.waiting {
-		n += w
-	}
-	return n
+	return c.inProcess
 }
 
 // GivenUp returns how many messages the Core gave up.
@@ -220,45 +224,72 @@ func (c *Core) Handle(m *nats.Msg) {
 	deadline := time.Now().Add(c.cfg.maxWait)
 	id := c.ids.Next()
 	if c.cfg.handlers > 0 {
-		if c.startWaiting(m, key, cost, "", 0) {
+		if c.enter(m, key, cost, "", 0, false) {
 			go c.scheduled(m, key, cost, id, deadline)
 		}
 		return
 	}
 	retry, waits := c.settle(m, key, cost, id, deadline)
-	if waits && c.startWaiting(m, key, cost, id, retry) {
+	if waits && c.enter(m, key, cost, id, retry, true) {
 		go c.waitOut(m, key, cost, id, deadline, retry)
 	}
 }
 
-// startWaiting counts m as waiting in process for its key, on a goroutine
-// the caller starts, unless the Core is closed or WithCoreMaxWaiting of
-// the key already wait: m is then given up (id is "" when m was not
-// decided yet, retry the limit's wait when it was refused).
-func (c *Core) startWaiting(m *nats.Msg, key string, cost int, id string, retry time.Duration) bool {
+// enter counts m as in process, on a goroutine the caller starts, and,
+// forSlot, as waiting for its slot among its key's messages, unless the
+// Core is closed or a bound is reached (WithCoreMaxWaitingTotal, and
+// WithCoreMaxWaiting when forSlot): m is then given up (id is "" when m
+// was not decided yet, retry the limit's wait when it was refused).
+func (c *Core) enter(m *nats.Msg, key string, cost int, id string, retry time.Duration, forSlot bool) bool {
 	c.mu.Lock()
-	if c.closed || c.waiting[key] >= c.cfg.maxWaiting {
-		reason := "max waiting"
-		if c.closed {
-			reason = "closed"
-		}
+	reason := ""
+	switch {
+	case c.closed:
+		reason = "closed"
+	case c.inProcess >= c.cfg.maxTotal || forSlot && c.waiting[key] >= c.cfg.maxWaiting:
+		reason = "max waiting"
+	}
+	if reason != "" {
 		c.mu.Unlock()
 		c.giveUp(m, key, cost, id, reason, retry, nil)
 		return false
 	}
-	c.waiting[key]++
+	c.inProcess++
+	if forSlot {
+		c.waiting[key]++
+	}
 	c.wg.Add(1)
 	c.mu.Unlock()
 	return true
 }
 
-// doneWaiting ends the wait startWaiting counted.
-func (c *Core) doneWaiting(key string) {
+// exit ends what enter counted (inProcess: m had not started).
+func (c *Core) exit(key string, inProcess, forSlot bool) {
 	c.mu.Lock()
-	if c.waiting[key]--; c.waiting[key] <= 0 {
-		delete(c.waiting, key)
+	if inProcess {
+		c.inProcess--
+	}
+	if forSlot {
+		if c.waiting[key]--; c.waiting[key] <= 0 {
+			delete(c.waiting, key)
+		}
 	}
 	c.mu.Unlock()
+}
+
+// waitForSlot counts m, in process already, as waiting for its slot among
+// its key's messages, unless WithCoreMaxWaiting of them already wait: m is
+// then given up.
+func (c *Core) waitForSlot(m *nats.Msg, key string, cost int, id string, retry time.Duration) bool {
+	c.mu.Lock()
+	if c.waiting[key] >= c.cfg.maxWaiting {
+		c.mu.Unlock()
+		c.giveUp(m, key, cost, id, "max waiting", retry, nil)
+		return false
+	}
+	c.waiting[key]++
+	c.mu.Unlock()
+	return true
 }
 
 // settle decides m by id and acts on it, unless it is to wait: it runs the
@@ -353,7 +384,7 @@ func (c *Core) release(m *nats.Msg, key, id string) {
 // waitOut is the life of a refused message until it runs or is given up.
 func (c *Core) waitOut(m *nats.Msg, key string, cost int, id string, deadline time.Time, retry time.Duration) {
 	defer c.wg.Done()
-	defer c.doneWaiting(key)
+	defer c.exit(key, true, true)
 	for {
 		t := time.NewTimer(retry)
 		select {
@@ -370,30 +401,40 @@ func (c *Core) waitOut(m *nats.Msg, key string, cost int, id string, deadline ti
 	}
 }
 
-// giveUp gives back what id holds in the limit (its reservation: no
-// redelivery will claim it), answers a request, reports the give-up and
+// giveUp answers a request, gives back what id holds in the limit (its
+// reservation: no redelivery will claim it), reports the give-up and
 // counts it. id is "" for a message never decided.
 func (c *Core) giveUp(m *nats.Msg, key string, cost int, id, reason string, retry time.Duration, cause error) {
-	if err := c.gate.Release(context.Background(), key, cost, id); err != nil {
-		c.report(m, fmt.Errorf("natsthrottle: give back the slot of a message given up on %s: %w", m.Subject, err))
-	}
 	ge := &GiveUpError{Subject: m.Subject, Key: key, Reason: reason, RetryAfter: retry, Err: cause}
+	c.answer(m, ge) // at once: giving back the slot may wait for the store
+	// An invalid message was never charged (its key, cost or request was
+	// refused), nor was one never decided.
+	if reason != "invalid" {
+		if err := c.gate.Release(context.Background(), key, cost, id); err != nil {
+			c.report(m, fmt.Errorf("natsthrottle: give back the slot of a message given up on %s: %w", m.Subject, err))
+		}
+	}
 	c.givenUp.Add(1)
 	c.gate.CountDisposition(context.Background(), key, DispositionGivenUp)
 	c.report(m, ge)
+}
+
+// answer replies to m, when it is a request, that it was given up (ge):
+// the services error headers, and the limit's wait when it gave one.
+func (c *Core) answer(m *nats.Msg, ge *GiveUpError) {
 	if m.Reply == "" {
 		return
 	}
 	resp := nats.NewMsg(m.Reply)
 	code := "429"
-	if reason == "invalid" {
+	if ge.Reason == "invalid" {
 		code = "400"
 	}
 	resp.Header.Set(HeaderServiceErrorCode, code)
 	resp.Header.Set(HeaderServiceError, ge.Error())
-	if retry > 0 {
-		resp.Header.Set(HeaderRetryAfter, strconv.FormatInt(int64((retry+time.Second-1)/time.Second), 10))
-		resp.Header.Set(HeaderRetryAfterMs, strconv.FormatInt(retry.Milliseconds(), 10))
+	if ge.RetryAfter > 0 {
+		resp.Header.Set(HeaderRetryAfter, strconv.FormatInt(int64((ge.RetryAfter+time.Second-1)/time.Second), 10))
+		resp.Header.Set(HeaderRetryAfterMs, strconv.FormatInt(ge.RetryAfter.Milliseconds(), 10))
 	}
 	if err := m.RespondMsg(resp); err != nil {
 		c.report(m, fmt.Errorf("natsthrottle: reply to a request given up on %s: %w", m.Subject, err))

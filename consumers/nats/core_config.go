@@ -17,6 +17,7 @@ type coreConfig struct {
 	cost       func(*nats.Msg) (int, error)
 	maxWait    time.Duration
 	maxWaiting int
+	maxTotal   int
 	onError    func(*nats.Msg, error)
 	logger     *slog.Logger
 	inFlight   throttle.InFlightLimiter
@@ -43,10 +44,19 @@ func WithCoreCostFunc(f func(*nats.Msg) (int, error)) CoreOption {
 func WithCoreMaxWait(d time.Duration) CoreOption { return func(c *coreConfig) { c.maxWait = d } }
 
 // WithCoreMaxWaiting sets how many messages of one key may wait at once
-// (default DefaultCoreMaxWaiting); beyond, a refused message is given up
-// at once. Memory is bounded by it: each waiting message holds its
-// *nats.Msg. It must be >= 0.
+// for their slot (default DefaultCoreMaxWaiting): refused by the limit, or
+// (WithCoreConcurrency) waiting for their key's share of the handlers;
+// beyond, such a message is given up at once. It must be >= 0.
 func WithCoreMaxWaiting(n int) CoreOption { return func(c *coreConfig) { c.maxWaiting = n } }
+
+// WithCoreMaxWaitingTotal sets how many messages may wait in process at
+// once over every key (default DefaultCoreMaxWaitingTotal), for their slot
+// or (WithCoreConcurrency) a handler; beyond, a message that would wait
+// is given up at once. Memory is bounded by it: each waiting message holds
+// its *nats.Msg and a goroutine (a few KiB). It must be >= 0, and >= 1
+// with WithCoreConcurrency (where every message waits for a handler in
+// process, if only a moment).
+func WithCoreMaxWaitingTotal(n int) CoreOption { return func(c *coreConfig) { c.maxTotal = n } }
 
 // WithCoreErrorHandler sets what gets every give-up (a *GiveUpError) and
 // every slow-consumer report (NATS dropped messages of the subscription,

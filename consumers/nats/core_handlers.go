@@ -10,8 +10,9 @@ import (
 )
 
 // scheduled is the life of a message with WithCoreConcurrency handlers,
-// on a goroutine of its own, counted as waiting (startWaiting) until its
-// handler starts. Its rate decides it at once (deciding once a handler is
+// on a goroutine of its own, counted in process (enter) until its handler
+// starts, and among its key's waiting messages (waitForSlot) while its
+// rate or its key's share keeps it waiting. Its rate decides it at once (deciding once a handler is
 // free would push a key that sends at its rate later with every wait):
 // refused, it waits for the retry-after and asks again. With fair shares
 // it first asks the scheduler for a handler, and a message of a key above
@@ -22,12 +23,8 @@ import (
 // message is then given up, "max wait") or at Close ("closed").
 func (c *Core) scheduled(m *nats.Msg, key string, cost int, id string, deadline time.Time) {
 	defer c.wg.Done()
-	waiting := true
-	defer func() {
-		if waiting {
-			c.doneWaiting(key)
-		}
-	}()
+	inProcess := true
+	defer func() { c.exit(key, inProcess, false) }()
 	var t turn
 	admitted, returning := false, false
 	for {
@@ -35,7 +32,7 @@ func (c *Core) scheduled(m *nats.Msg, key string, cost int, id string, deadline 
 		returning = true
 		if !admitted {
 			if delay, deferred := t.deferredNow(); deferred {
-				if !c.pause(m, key, cost, id, deadline, delay, nil) {
+				if !c.waitSlot(m, key, cost, id, deadline, delay) {
 					return
 				}
 				continue
@@ -52,7 +49,7 @@ func (c *Core) scheduled(m *nats.Msg, key string, cost int, id string, deadline 
 					b.Until = time.Now().Add(d.RetryAfter) // the key's other messages would be refused as well
 				}
 				t.leave(b)
-				if !c.pause(m, key, cost, id, deadline, d.RetryAfter, nil) {
+				if !c.waitSlot(m, key, cost, id, deadline, d.RetryAfter) {
 					return
 				}
 				continue
@@ -61,13 +58,13 @@ func (c *Core) scheduled(m *nats.Msg, key string, cost int, id string, deadline 
 		}
 		granted, slot, delay := c.awaitHandler(m, key, cost, id, deadline, t)
 		if !granted {
-			if delay < 0 || !c.pause(m, key, cost, id, deadline, delay, nil) {
+			if delay < 0 || !c.waitSlot(m, key, cost, id, deadline, delay) {
 				return // given up
 			}
 			continue // deferred once admitted: its id is admitted again, free
 		}
-		waiting = false
-		c.doneWaiting(key)
+		inProcess = false
+		c.exit(key, true, false)
 		c.run(m, key, id, slot)
 		t.done()
 		return
@@ -91,9 +88,11 @@ func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadli
 			c.giveUp(m, key, cost, id, "closed", 0, nil)
 			return false, false, -1
 		case <-timeout.C:
-			t.leave(fair.Block{})
-			c.giveUp(m, key, cost, id, "max wait", 0, nil)
-			return false, false, -1
+			if !t.grantedNow() { // a grant that came with the deadline goes first
+				t.leave(fair.Block{})
+				c.giveUp(m, key, cost, id, "max wait", 0, nil)
+				return false, false, -1
+			}
 		}
 		held, ok, retry := c.acquire(m, key, id)
 		if ok {
@@ -111,6 +110,16 @@ func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadli
 			return false, false, -1
 		}
 	}
+}
+
+// waitSlot is pause for a message waiting for its slot or its key's
+// share, counted among its key's (WithCoreMaxWaiting).
+func (c *Core) waitSlot(m *nats.Msg, key string, cost int, id string, deadline time.Time, d time.Duration) bool {
+	if !c.waitForSlot(m, key, cost, id, d) {
+		return false
+	}
+	defer c.exit(key, false, true)
+	return c.pause(m, key, cost, id, deadline, d, nil)
 }
 
 // pause waits d in process for m, uncharged or on its reservation, or
@@ -170,6 +179,17 @@ func (t turn) granted() <-chan struct{} {
 		return t.c.tokens
 	}
 	return t.ticket.Granted()
+}
+
+// grantedNow reports whether t holds a handler already (taking it, first
+// come, first served).
+func (t turn) grantedNow() bool {
+	select {
+	case <-t.granted():
+		return true
+	default:
+		return false
+	}
 }
 
 // deferred returns a channel closed when the scheduler defers t (never

@@ -183,8 +183,8 @@ func TestCoreConcurrencyMaxWait(t *testing.T) {
 }
 
 // TestCoreConcurrencyMaxWaitingAndClose: one handler, held; of 10
-// messages at once with WithCoreMaxWaiting(3), those beyond 3 waiting are
-// given up at once ("max waiting"); Close gives up the ones still waiting
+// messages at once with WithCoreMaxWaitingTotal(3), those beyond 3
+// waiting are given up at once ("max waiting"); Close gives up the ones still waiting
 // for the handler ("closed") and returns once the running one ends.
 // Every message is handled or given up, exactly once.
 func TestCoreConcurrencyMaxWaitingAndClose(t *testing.T) {
@@ -192,7 +192,7 @@ func TestCoreConcurrencyMaxWaitingAndClose(t *testing.T) {
 	s.release = make(chan struct{})
 	rec := newCoreRecorder()
 	c, err := NewCore(s.handle, newGate(t, throttle.PerSecond(1000), nil),
-		WithCoreErrorHandler(rec.onError), WithCoreConcurrency(1), WithCoreMaxWaiting(3))
+		WithCoreErrorHandler(rec.onError), WithCoreConcurrency(1), WithCoreMaxWaitingTotal(3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,8 +276,9 @@ func TestCoreConcurrencyInFlight(t *testing.T) {
 }
 
 // TestCoreBurstBounded: 10,000 messages at once on one key, the handlers
-// held: with or without WithCoreConcurrency, at most WithCoreMaxWaiting
-// (500) wait in process (each holding its *nats.Msg: that is the memory
+// held: with or without WithCoreConcurrency, at most 500 wait in process
+// (WithCoreMaxWaiting for their slots, WithCoreMaxWaitingTotal for a
+// handler) (each holding its *nats.Msg: that is the memory
 // bound), the rest are given up and reported, and every message is
 // accounted for: handled, given up, or dropped by NATS and reported as a
 // slow consumer.
@@ -300,7 +301,7 @@ func TestCoreBurstBounded(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := newCore(t, s.handle, g, WithCoreErrorHandler(rec.onError), WithCoreConcurrency(handlers),
-				WithCoreMaxWaiting(bound), WithCoreMaxWait(10*time.Hour))
+				WithCoreMaxWaiting(bound), WithCoreMaxWaitingTotal(bound), WithCoreMaxWait(10*time.Hour))
 			var subp atomic.Pointer[nats.Subscription]
 			nc := coreSub(t, "core.burst", func(m *nats.Msg) { subp.Store(m.Sub); c.Handle(m) })
 			for i := range total {
@@ -345,4 +346,92 @@ func mustMemory(t *testing.T, r throttle.Rate) *window.Memory {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestCoreManyKeysBounded: 20,000 messages at once, each of a key of its
+// own, one handler held: at most WithCoreMaxWaitingTotal (500) wait in
+// process over every key, the rest are given up at once; released, the
+// 500 run (the scheduler does not slow down with the keys it holds).
+func TestCoreManyKeysBounded(t *testing.T) {
+	const total, bound = 20_000, 500
+	s := newCoreStarts(0)
+	s.release = make(chan struct{})
+	rec := newCoreRecorder()
+	c := newCore(t, s.handle, newGate(t, throttle.PerSecond(1_000_000), nil), WithCoreErrorHandler(rec.onError),
+		WithCoreConcurrency(1), WithCoreMaxWaitingTotal(bound), WithCoreMaxWait(time.Hour))
+	nc := coreSub(t, "core.*", c.Handle)
+	for i := range total {
+		nc.Publish("core.k"+strconv.Itoa(i), []byte(strconv.Itoa(i)))
+	}
+	nc.Flush()
+	waitFor(t, 20*time.Second, "every message running, waiting or given up", func() bool {
+		h, _ := s.counts()
+		_, _, up := rec.counts()
+		return h+c.Waiting()+up == total
+	})
+	if n := c.Waiting(); n != bound {
+		t.Errorf("%d waiting, want %d", n, bound)
+	}
+	close(s.release)
+	waitFor(t, 10*time.Second, "the waiting ones handled", func() bool { h, _ := s.counts(); return h == 1+bound })
+	if _, _, up := rec.counts(); up != total-1-bound {
+		t.Errorf("%d given up, want %d", up, total-1-bound)
+	}
+}
+
+// TestCoreConcurrencyAdmitsWhatTheLimitAdmits: with free handlers, a
+// message the limit admits runs, whatever the bounds on waiting: 50
+// requests one after another at half the rate with WithCoreMaxWait(0)
+// (a handler granted as the deadline passes goes first), and 20 at once
+// within the rate with WithCoreMaxWaiting(0) (which bounds the messages
+// waiting for their slot, not for a handler), each answered by the
+// handler.
+func TestCoreConcurrencyAdmitsWhatTheLimitAdmits(t *testing.T) {
+	for name, opt := range map[string]CoreOption{"max wait 0": WithCoreMaxWait(0), "max waiting 0": WithCoreMaxWaiting(0)} {
+		t.Run(name, func(t *testing.T) {
+			rec := newCoreRecorder()
+			c := newCore(t, rec.handle, newGate(t, throttle.PerSecond(1000), nil), WithCoreErrorHandler(rec.onError), WithCoreConcurrency(16), opt)
+			nc := coreSub(t, "core.req", c.Handle)
+			for i := range 50 {
+				resp, err := nc.Request("core.req", []byte(strconv.Itoa(i)), 5*time.Second)
+				if err != nil || string(resp.Data) != "ok" {
+					t.Fatalf("request %d: %v, %v; want answered by the handler", i, resp, err)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			var wg sync.WaitGroup
+			var ok atomic.Int64
+			for i := range 20 {
+				wg.Go(func() {
+					if resp, err := nc.Request("core.req", []byte("burst-"+strconv.Itoa(i)), 5*time.Second); err == nil && string(resp.Data) == "ok" {
+						ok.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			if ok.Load() != 20 {
+				t.Errorf("%d of 20 at once answered by the handler, want 20", ok.Load())
+			}
+		})
+	}
+}
+
+// TestCoreInvalidReportedOnce: a message whose cost is invalid is given
+// up as "invalid" (a request answered 400) and reported once: nothing was
+// charged, so nothing is given back.
+func TestCoreInvalidReportedOnce(t *testing.T) {
+	rec := newCoreRecorder()
+	c := newCore(t, rec.handle, newGate(t, throttle.PerSecond(10), nil), WithCoreErrorHandler(rec.onError),
+		WithCoreCostFunc(func(*nats.Msg) (int, error) { return 1_000_000, nil }))
+	nc := coreSub(t, "core.bad", c.Handle)
+	resp, err := nc.Request("core.bad", []byte("x"), 5*time.Second)
+	if err != nil || resp.Header.Get(HeaderServiceErrorCode) != "400" {
+		t.Fatalf("answer %v, %v; want a 400", resp, err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.givenUp) != 1 || rec.givenUp[0].Reason != "invalid" || len(rec.other) != 0 {
+		t.Errorf("given up %v, other reports %v; want one invalid give-up and nothing else", rec.givenUp, rec.other)
+	}
 }

@@ -250,6 +250,10 @@ func TestNewCoreErrors(t *testing.T) {
 		"WithCoreMaxWait":     func() error { _, err := NewCore(h, g, WithCoreMaxWait(-1)); return err },
 		"WithCoreMaxWaiting":  func() error { _, err := NewCore(h, g, WithCoreMaxWaiting(-1)); return err },
 		"WithCoreConcurrency": func() error { _, err := NewCore(h, g, WithCoreConcurrency(-1)); return err },
+		"WithCoreMaxWaitingTotal": func() error {
+			_, err := NewCore(h, g, WithCoreConcurrency(4), WithCoreMaxWaitingTotal(0))
+			return err
+		},
 	} {
 		var oe *throttle.OptionError
 		if err := f(); !errors.As(err, &oe) || oe.Field != name {

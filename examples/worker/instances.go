@@ -596,6 +596,9 @@ func workInstances(ctx context.Context, cfg config, out io.Writer, jf jobsFile, 
 	if !ok {
 		deliveries = int(ps.deliveries.Load()) // the server did not answer: what the processes saw
 	}
+	if cfg.Core {
+		info = "" // the stream's consumers had nothing to deliver
+	}
 	partnerFinal := pset.finalLimit(ctx)
 	cl.run()
 	printStop(out, stopReason, info)

@@ -28,8 +28,11 @@ func (r *recorder) progressLine() string {
 	}
 	line += fmt.Sprintf(" %s %d/%d handled %d/%d %s %d",
 		r.consumer.published(), r.pubs, r.total, len(r.byID), r.total, r.consumer.rejections(), r.naks)
-	if r.lost > 0 {
-		line += fmt.Sprintf(" lost %d", r.lost)
+	if r.given > 0 {
+		line += fmt.Sprintf(" given up %d", r.given)
+	}
+	if r.lost > r.given {
+		line += fmt.Sprintf(" lost %d", r.lost-r.given)
 	}
 	if len(r.tenants) == 0 {
 		return line

@@ -136,6 +136,7 @@ type recorder struct {
 	naks    int
 	pubs    int
 	lost    int
+	given   int                  // of lost: given up by natsthrottle.Core (-core), and reported
 	procs   map[int]int          // worker process -> handler runs, with -instances
 	rejects map[string]int       // job id -> rejections (asynq)
 	arrived map[string]time.Time // job id -> when it was published
@@ -299,6 +300,7 @@ func (r *recorder) givenUp(tenant string) {
 	defer r.mu.Unlock()
 	r.tenant(tenant).GivenUp++
 	r.lost++
+	r.given++
 	r.check()
 }
 

@@ -311,6 +311,9 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	if !ok {
 		deliveries = int(w.delivered.Load()) // the server did not answer: what this process saw
 	}
+	if cfg.Core {
+		info = "" // the stream's consumers had nothing to deliver
+	}
 	partnerFinal := ps.finalLimit(ctx)
 	cl.run()
 	printStop(out, stopReason, info)
