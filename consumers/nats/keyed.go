@@ -483,7 +483,14 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
 			break
 		}
 		h.dispose(ctx, r, DispositionWait)
-		if !kc.pause(ctx, span, r, claimIn(v), beat) {
+		// Asked again at the retry-after, not before: with stacked
+		// limits (throttle.All) the parts' slots differ by up to a round
+		// trip, the latest being the retry-after, and a claim between
+		// them would claim the earlier part's slot, see a later one
+		// refuse, and have All give that slot back and reserve its next
+		// free one, at the tail of a full schedule: the slot would go
+		// unused.
+		if !kc.pause(ctx, span, r, v.retry, beat) {
 			beat.Stop()
 			done()
 			return
@@ -518,26 +525,6 @@ func (kc *KeyedConsumer) await(ctx context.Context, span trace.Span, r *request,
 			return
 		}
 	}
-}
-
-// claimSlack is how long before a reserved slot its claim may come, the
-// last millisecond asked again in steps of it.
-const claimSlack = 250 * time.Microsecond
-
-// claimIn is how long a message refused as v waits before it asks again.
-// A retry-after is rounded up to a whole millisecond, so a reserved slot
-// is up to a millisecond sooner: a claim is made then, and the last
-// millisecond is asked again every claimSlack. A claim is admitted at the
-// instant it is made, so a key that sends at its rate would otherwise
-// start that much later with every claim, for good.
-func claimIn(v verdict) time.Duration {
-	switch {
-	case !v.reserved:
-		return v.retry
-	case v.retry <= time.Millisecond:
-		return claimSlack
-	}
-	return v.retry - time.Millisecond + claimSlack
 }
 
 // pause keeps r here for d, sending InProgress with beat, and reports

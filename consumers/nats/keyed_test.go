@@ -389,3 +389,102 @@ func TestKeyConsumerName(t *testing.T) {
 		}
 	}
 }
+
+// givenBack wraps a window.Redis and counts what All gives back to it.
+type givenBack struct {
+	*window.Redis
+	mu  sync.Mutex
+	ids []string
+}
+
+func (l *givenBack) Refund(ctx context.Context, key string, n int, id string) (bool, error) {
+	l.mu.Lock()
+	l.ids = append(l.ids, id)
+	l.mu.Unlock()
+	return l.Redis.Refund(ctx, key, n, id)
+}
+
+// TestConsumeByKeyStackedClaims: a flood of one key under a tenant limit
+// it never reaches and a partner limit (throttle.All, both on Redis, the
+// partner's a few milliseconds away) that reserves a slot for nearly
+// every message. All moves the tenant's admission to the partner's slot,
+// so the tenant's slot lies a round trip after the partner's; a claim
+// made before the tenant's slot would claim the partner's, see the
+// tenant refuse, and All would give the partner's back and reserve its
+// next free one, at the tail of a full schedule: a slot lost. So no
+// slot of the partner is ever given back; each message runs once, none
+// is NAKed, and neither limit is exceeded at the admissions Redis
+// records.
+func TestConsumeByKeyStackedClaims(t *testing.T) {
+	e := newEnv(t)
+	srv := redistest.Start(t)
+	near := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = near.Close() })
+	proxy := redistest.NewLatencyProxy(t, srv, 2*time.Millisecond)
+	far := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = far.Close() })
+	tenantRate := throttle.Rate{Count: 100, Per: 200 * time.Millisecond}
+	partnerRate := throttle.Rate{Count: 5, Per: 200 * time.Millisecond}
+	prefix := redistest.Prefix("natsthrottle")
+	tenants, err := window.NewRedis(near, tenantRate, window.WithPrefix(prefix+"tenant:"), window.WithTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := window.NewRedis(far, partnerRate, window.WithPrefix(prefix+"partner:"), window.WithTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	partner := &givenBack{Redis: pl}
+	all, err := throttle.All(throttle.Part{Limiter: tenants}, throttle.Part{Limiter: partner, Key: func(string) string { return "partner" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The horizon is also how long Redis keeps admitted units past their
+	// window: the record is read at the end.
+	g, err := throttle.NewGate(all, throttle.WithReservations(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 40
+	s := newStarts(0)
+	naked := e.watch(t, nakAdvisory)
+	h := newHandler(t, s.handle, g, WithConcurrency(4), WithConsumerConfig(keyedCfg), WithDecisionTimeout(2*time.Second))
+	for i := range total {
+		e.publish(t, "jobs.flood", fmt.Sprint(i), nil)
+	}
+	consumeByKey(t, e, h)
+	waitFor(t, 20*time.Second, "every message handled", func() bool { return s.handled() == total })
+	partner.mu.Lock()
+	if n := len(partner.ids); n > 0 {
+		t.Errorf("the partner's slots of %d claims were given back (%v), want none", n, partner.ids)
+	}
+	partner.mu.Unlock()
+	for _, c := range []struct {
+		key  string
+		rate throttle.Rate
+	}{
+		{rediskey.Key(prefix+"tenant:", "jobs.flood"), tenantRate},
+		{rediskey.Key(prefix+"partner:", "partner"), partnerRate},
+	} {
+		var admitted []time.Time
+		for _, z := range srv.Client(t).ZRangeWithScores(testCtx(t), c.key, 0, -1).Val() {
+			if m, _ := z.Member.(string); strings.HasPrefix(m, "A") {
+				admitted = append(admitted, time.UnixMicro(int64(z.Score)))
+			}
+		}
+		if len(admitted) != total {
+			t.Errorf("%s: Redis holds %d admissions, want %d", c.key, len(admitted), total)
+		}
+		if most := maxInWindow(admitted, c.rate.Per); most > c.rate.Count {
+			t.Errorf("%s: %d admitted in one %v window, want <= %d", c.key, most, c.rate.Per, c.rate.Count)
+		}
+	}
+	if n := len(naked.all()); n != 0 {
+		t.Errorf("%d NAKs, want 0", n)
+	}
+	for seq, n := range s.runs {
+		if n != 1 {
+			t.Errorf("stream seq %d handled %d times", seq, n)
+		}
+	}
+}
