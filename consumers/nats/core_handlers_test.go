@@ -233,12 +233,18 @@ func TestCoreConcurrencyMaxWaitingAndClose(t *testing.T) {
 	}
 }
 
-// TestCoreConcurrencyInFlight: 4 handlers, WithCoreInFlight(2): 10
-// messages of one key at once run at most 2 at a time, each once, each
-// charged by the rate once, fair shares on or off.
-func TestCoreConcurrencyInFlight(t *testing.T) {
-	for _, fairOn := range []bool{true, false} {
-		t.Run(fmt.Sprintf("fair=%v", fairOn), func(t *testing.T) {
+// TestCoreInFlight: WithCoreInFlight(2): 10 messages of one key at once
+// run at most 2 at a time, each once, none given up, each charged by the
+// rate once (without handlers a message refused a slot is not charged;
+// with them it keeps its admission and waits for a slot), without
+// WithCoreConcurrency and with 4 handlers, fair shares on or off.
+func TestCoreInFlight(t *testing.T) {
+	for _, c := range []struct {
+		handlers int
+		fairOn   bool
+	}{{0, true}, {4, true}, {4, false}} {
+		fairOn := c.fairOn
+		t.Run(fmt.Sprintf("handlers=%d,fair=%v", c.handlers, fairOn), func(t *testing.T) {
 			lim, err := window.NewMemory(throttle.Rate{Count: 1000, Per: time.Minute})
 			if err != nil {
 				t.Fatal(err)
@@ -253,8 +259,8 @@ func TestCoreConcurrencyInFlight(t *testing.T) {
 			}
 			s := newCoreStarts(100 * time.Millisecond)
 			rec := newCoreRecorder()
-			c := newCore(t, s.handle, g, WithCoreErrorHandler(rec.onError), WithCoreConcurrency(4), WithCoreFair(fairOn), WithCoreInFlight(slots, time.Second))
-			nc := coreSub(t, "core.slots", c.Handle)
+			core := newCore(t, s.handle, g, WithCoreErrorHandler(rec.onError), WithCoreConcurrency(c.handlers), WithCoreFair(fairOn), WithCoreInFlight(slots, time.Second))
+			nc := coreSub(t, "core.slots", core.Handle)
 			for i := range 10 {
 				nc.Publish("core.slots", []byte(strconv.Itoa(i)))
 			}

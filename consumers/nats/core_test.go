@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,6 +249,14 @@ func TestNewCoreErrors(t *testing.T) {
 		"WithCoreMaxWait":     func() error { _, err := NewCore(h, g, WithCoreMaxWait(-1)); return err },
 		"WithCoreMaxWaiting":  func() error { _, err := NewCore(h, g, WithCoreMaxWaiting(-1)); return err },
 		"WithCoreConcurrency": func() error { _, err := NewCore(h, g, WithCoreConcurrency(-1)); return err },
+		"WithCoreInFlight": func() error {
+			slots, err := concurrency.NewMemory(2)
+			if err != nil {
+				return err
+			}
+			_, err = NewCore(h, g, WithCoreInFlight(slots, 0))
+			return err
+		},
 		"WithCoreMaxWaitingTotal": func() error {
 			_, err := NewCore(h, g, WithCoreConcurrency(4), WithCoreMaxWaitingTotal(0))
 			return err
@@ -296,50 +303,4 @@ func TestCoreFloodGivesBackSlots(t *testing.T) {
 		defer rec.mu.Unlock()
 		return rec.handled["after"] == 1
 	})
-}
-
-// TestCoreInFlight: with WithCoreInFlight(2), 10 messages of one key at
-// once run at most 2 at a time, each once, none given up, each charged
-// by the rate once (a message refused a slot is not charged).
-func TestCoreInFlight(t *testing.T) {
-	lim, err := window.NewMemory(throttle.Rate{Count: 1000, Per: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	slots, err := concurrency.NewMemory(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := newCoreRecorder()
-	var running, most atomic.Int64
-	slow := func(m *nats.Msg) {
-		n := running.Add(1)
-		for old := most.Load(); n > old && !most.CompareAndSwap(old, n); old = most.Load() {
-		}
-		time.Sleep(100 * time.Millisecond)
-		running.Add(-1)
-		rec.handle(m)
-	}
-	c := newCore(t, slow, g, WithCoreErrorHandler(rec.onError), WithCoreInFlight(slots, time.Second))
-	nc := coreSub(t, "core.slots", c.Handle)
-	for i := range 10 {
-		nc.Publish("core.slots", []byte(strconv.Itoa(i)))
-	}
-	waitFor(t, 10*time.Second, "10 handled", func() bool { h, _, _ := rec.counts(); return h >= 10 })
-	if h, twice, up := rec.counts(); h != 10 || twice != 0 || up != 0 {
-		t.Errorf("handled %d (twice %d), given up %d; want 10, 0, 0", h, twice, up)
-	}
-	if n := most.Load(); n > 2 {
-		t.Errorf("%d handlers at once, want at most 2", n)
-	}
-	if p, _ := lim.Peek(context.Background(), "core.slots", 1); p.Remaining != 1000-10-1 {
-		t.Errorf("Peek: Remaining %d, want %d: each message charged once", p.Remaining, 1000-10-1)
-	}
-	if _, err := NewCore(slow, g, WithCoreInFlight(slots, 0)); err == nil {
-		t.Error("WithCoreInFlight with lease 0: no error")
-	}
 }
