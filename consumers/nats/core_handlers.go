@@ -12,9 +12,10 @@ import (
 // scheduled is the life of a message with WithCoreConcurrency handlers,
 // on a goroutine of its own, counted in process (enter) until its handler
 // starts, and among its key's waiting messages (waitForSlot) while its
-// rate or its key's share keeps it waiting. Its rate decides it at once (deciding once a handler is
-// free would push a key that sends at its rate later with every wait):
-// refused, it waits for the retry-after and asks again. With fair shares
+// rate or its key's share keeps it waiting. Its rate decides it at once
+// (deciding once a handler is free would push a key that sends at its
+// rate later with every wait): refused, it waits for the retry-after and
+// asks again. With fair shares
 // it first asks the scheduler for a handler, and a message of a key above
 // its share waits uncharged until the share reaches it (the scheduler's
 // deferral, served here rather than by a broker). Admitted, it waits for
@@ -78,6 +79,7 @@ func (c *Core) scheduled(m *nats.Msg, key string, cost int, id string, deadline 
 func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadline time.Time, t turn) (granted, slot bool, delay time.Duration) {
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
+	expired := false
 	for {
 		select {
 		case <-t.granted():
@@ -88,6 +90,7 @@ func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadli
 			c.giveUp(m, key, cost, id, "closed", 0, nil)
 			return false, false, -1
 		case <-timeout.C:
+			expired = true
 			if !t.grantedNow() { // a grant that came with the deadline goes first
 				t.leave(fair.Block{})
 				c.giveUp(m, key, cost, id, "max wait", 0, nil)
@@ -95,8 +98,13 @@ func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadli
 			}
 		}
 		held, ok, retry := c.acquire(m, key, id)
-		if ok {
+		switch {
+		case ok:
 			return true, held, 0
+		case expired:
+			t.giveBack(fair.Block{Until: time.Now().Add(retry), UntilDone: true})
+			c.giveUp(m, key, cost, id, "max wait", retry, nil)
+			return false, false, -1
 		}
 		// Every slot of the key is held: its turn comes again when one of
 		// its handlers ends here (or the earliest lease does).
@@ -105,7 +113,7 @@ func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadli
 			continue
 		}
 		ended := c.handlerEnds()
-		c.tokens <- struct{}{}
+		t.giveBack(fair.Block{})
 		if !c.pause(m, key, cost, id, deadline, retry, ended) {
 			return false, false, -1
 		}
@@ -236,4 +244,14 @@ func (t turn) leave(b fair.Block) {
 	if t.ticket != nil {
 		t.ticket.Leave(b)
 	}
+}
+
+// giveBack withdraws t, which holds a handler, unused: the key blocked as
+// b says (first come, first served: the handler's token back).
+func (t turn) giveBack(b fair.Block) {
+	if t.ticket != nil {
+		t.ticket.Leave(b)
+		return
+	}
+	t.c.tokens <- struct{}{}
 }
