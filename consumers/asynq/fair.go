@@ -66,11 +66,7 @@ func (h *handler) processFair(ctx context.Context, span trace.Span, t *asynq.Tas
 				ft.Leave(fair.Block{})
 				return archive(span, fmt.Errorf("%w: rejected with a retry-after of never", throttle.ErrInvalidCost))
 			case !d.Allowed:
-				b := fair.Block{}
-				if !d.Reserved {
-					b.Until = at.Add(d.RetryAfter) // the key's other tasks would be refused as well
-				}
-				ft.Leave(b)
+				ft.Leave(fair.Refused(at, d.RetryAfter, d.Reserved))
 				if waited, err := h.waitOut(ctx, span, t, ti, id, newRateLimitError(key, d, at), at.Add(d.RetryAfter), d.Reserved, &waits); !waited {
 					return err
 				}

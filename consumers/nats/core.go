@@ -224,29 +224,30 @@ func (c *Core) Handle(m *nats.Msg) {
 	deadline := time.Now().Add(c.cfg.maxWait)
 	id := c.ids.Next()
 	if c.cfg.handlers > 0 {
-		if c.enter(m, key, cost, "", 0, false) {
+		if c.enter(m, key, cost, "", 0, true, false) {
 			go c.scheduled(m, key, cost, id, deadline)
 		}
 		return
 	}
 	retry, waits := c.settle(m, key, cost, id, deadline)
-	if waits && c.enter(m, key, cost, id, retry, true) {
+	if waits && c.enter(m, key, cost, id, retry, true, true) {
 		go c.waitOut(m, key, cost, id, deadline, retry)
 	}
 }
 
-// enter counts m as in process, on a goroutine the caller starts, and,
-// forSlot, as waiting for its slot among its key's messages, unless the
-// Core is closed or a bound is reached (WithCoreMaxWaitingTotal, and
-// WithCoreMaxWaiting when forSlot): m is then given up (id is "" when m
-// was not decided yet, retry the limit's wait when it was refused).
-func (c *Core) enter(m *nats.Msg, key string, cost int, id string, retry time.Duration, forSlot bool) bool {
+// enter counts m as waiting in process: with goroutine, as a message on a
+// goroutine the caller starts (within WithCoreMaxWaitingTotal, and only
+// while the Core is open), and with forSlot, among its key's messages
+// waiting for their slot or share (within WithCoreMaxWaiting). Beyond a
+// bound m is given up instead (id is "" when m was not decided yet,
+// retry the limit's wait when it was refused). exit ends what it counted.
+func (c *Core) enter(m *nats.Msg, key string, cost int, id string, retry time.Duration, goroutine, forSlot bool) bool {
 	c.mu.Lock()
 	reason := ""
 	switch {
-	case c.closed:
+	case goroutine && c.closed:
 		reason = "closed"
-	case c.inProcess >= c.cfg.maxTotal || forSlot && c.waiting[key] >= c.cfg.maxWaiting:
+	case goroutine && c.inProcess >= c.cfg.maxTotal || forSlot && c.waiting[key] >= c.cfg.maxWaiting:
 		reason = "max waiting"
 	}
 	if reason != "" {
@@ -254,19 +255,22 @@ func (c *Core) enter(m *nats.Msg, key string, cost int, id string, retry time.Du
 		c.giveUp(m, key, cost, id, reason, retry, nil)
 		return false
 	}
-	c.inProcess++
+	if goroutine {
+		c.inProcess++
+		c.wg.Add(1)
+	}
 	if forSlot {
 		c.waiting[key]++
 	}
-	c.wg.Add(1)
 	c.mu.Unlock()
 	return true
 }
 
-// exit ends what enter counted (inProcess: m had not started).
-func (c *Core) exit(key string, inProcess, forSlot bool) {
+// exit ends what enter counted: goroutine, once m starts or is given up
+// (its goroutine no longer waits), and forSlot.
+func (c *Core) exit(key string, goroutine, forSlot bool) {
 	c.mu.Lock()
-	if inProcess {
+	if goroutine {
 		c.inProcess--
 	}
 	if forSlot {
@@ -275,21 +279,6 @@ func (c *Core) exit(key string, inProcess, forSlot bool) {
 		}
 	}
 	c.mu.Unlock()
-}
-
-// waitForSlot counts m, in process already, as waiting for its slot among
-// its key's messages, unless WithCoreMaxWaiting of them already wait: m is
-// then given up.
-func (c *Core) waitForSlot(m *nats.Msg, key string, cost int, id string, retry time.Duration) bool {
-	c.mu.Lock()
-	if c.waiting[key] >= c.cfg.maxWaiting {
-		c.mu.Unlock()
-		c.giveUp(m, key, cost, id, "max waiting", retry, nil)
-		return false
-	}
-	c.waiting[key]++
-	c.mu.Unlock()
-	return true
 }
 
 // settle decides m by id and acts on it, unless it is to wait: it runs the

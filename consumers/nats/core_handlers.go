@@ -11,7 +11,7 @@ import (
 
 // scheduled is the life of a message with WithCoreConcurrency handlers,
 // on a goroutine of its own, counted in process (enter) until its handler
-// starts, and among its key's waiting messages (waitForSlot) while its
+// starts, and among its key's waiting messages (waitSlot) while its
 // rate or its key's share keeps it waiting. Its rate decides it at once
 // (deciding once a handler is free would push a key that sends at its
 // rate later with every wait): refused, it waits for the retry-after and
@@ -45,11 +45,7 @@ func (c *Core) scheduled(m *nats.Msg, key string, cost int, id string, deadline 
 				c.giveUp(m, key, cost, id, "invalid", 0, err)
 				return
 			case !d.Allowed:
-				b := fair.Block{}
-				if !d.Reserved {
-					b.Until = time.Now().Add(d.RetryAfter) // the key's other messages would be refused as well
-				}
-				t.leave(b)
+				t.leave(fair.Refused(time.Now(), d.RetryAfter, d.Reserved))
 				if !c.waitSlot(m, key, cost, id, deadline, d.RetryAfter) {
 					return
 				}
@@ -84,7 +80,7 @@ func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadli
 		select {
 		case <-t.granted():
 		case <-t.deferred():
-			return false, false, t.delay()
+			return false, false, t.ticket.Delay() // only a ticket is deferred
 		case <-c.stop:
 			t.leave(fair.Block{})
 			c.giveUp(m, key, cost, id, "closed", 0, nil)
@@ -123,7 +119,7 @@ func (c *Core) awaitHandler(m *nats.Msg, key string, cost int, id string, deadli
 // waitSlot is pause for a message waiting for its slot or its key's
 // share, counted among its key's (WithCoreMaxWaiting).
 func (c *Core) waitSlot(m *nats.Msg, key string, cost int, id string, deadline time.Time, d time.Duration) bool {
-	if !c.waitForSlot(m, key, cost, id, d) {
+	if !c.enter(m, key, cost, id, d, false, true) {
 		return false
 	}
 	defer c.exit(key, false, true)
@@ -208,8 +204,6 @@ func (t turn) deferred() <-chan struct{} {
 	}
 	return t.ticket.Deferred()
 }
-
-func (t turn) delay() time.Duration { return t.ticket.Delay() }
 
 // done frees t's handler once the handler ran.
 func (t turn) done() {

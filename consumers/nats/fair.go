@@ -78,11 +78,7 @@ func (h *Handler) schedule(ctx context.Context, span trace.Span, r *request) {
 				t.Leave(fair.Block{})
 				return
 			case !v.run:
-				b := fair.Block{}
-				if !v.reserved {
-					b.Until = time.Now().Add(v.retry) // the key's other messages would be refused as well
-				}
-				t.Leave(b)
+				t.Leave(fair.Refused(time.Now(), v.retry, v.reserved))
 				if !h.rateWait(ctx, span, r, v, last, started, &hold, beat) {
 					return
 				}

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"context"
 	"math"
 	"sort"
 	"testing"
 	"time"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
-	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // exactStarts returns the exact schedule of jobs (in arrival order) under
@@ -111,60 +109,19 @@ func loadCosts(t *testing.T) (jobsFile, func(string) throttle.Rate) {
 	return jf, rateOf
 }
 
-// replayStarts is the first-come-first-served replay of mustWait on
-// window.Memory at fixed instants: each job asks at its arrival, and a
-// job refused comes back after its RetryAfter (its reserved slot) until
-// admitted. It returns the instants (µs) the jobs were admitted at.
-func replayStarts(t *testing.T, jobs []job, rateOf func(string) throttle.Rate) []int64 {
-	t.Helper()
-	clock := &fixedClock{}
-	limiters := map[string]*window.Memory{}
-	type event struct {
-		at time.Duration
-		i  int
-	}
-	events := make([]event, 0, len(jobs))
-	for i, j := range jobs {
-		events = append(events, event{j.at(), i})
-	}
-	starts := make([]int64, len(jobs))
-	for len(events) > 0 {
-		sort.SliceStable(events, func(a, b int) bool { return events[a].at < events[b].at })
-		e := events[0]
-		events = events[1:]
-		j := jobs[e.i]
-		l := limiters[j.Tenant]
-		if l == nil {
-			var err error
-			if l, err = window.NewMemory(rateOf(j.Tenant), window.WithClock(clock)); err != nil {
-				t.Fatal(err)
-			}
-			limiters[j.Tenant] = l
-		}
-		clock.t = time.Unix(0, 0).Add(e.at)
-		d, err := l.AllowID(context.Background(), j.Tenant, max(j.Cost, 1), j.ID, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Allowed {
-			starts[e.i] = e.at.Microseconds()
-			continue
-		}
-		events = append(events, event{e.at + d.RetryAfter, e.i})
-	}
-	return starts
-}
-
 // TestCostsReplayIsExact: the limiter's own schedule of costs.jsonl (the
-// slots window.Memory reserves, claimed on time) is the exact schedule:
+// slots window.Memory reserves, claimed on time: the worker's replay) is
+// the exact schedule:
 // no job starts later than the earliest instant that keeps every window
 // within the limit. The Redis script makes the same decisions
 // (window.TestMemoryAndRedisDecideAlike, window.TestBackfillFarAhead).
 func TestCostsReplayIsExact(t *testing.T) {
 	jf, rateOf := loadCosts(t)
 	exact := exactStarts(jf.Jobs, rateOf)
-	got := replayStarts(t, jf.Jobs, rateOf)
+	starts, _ := replay(jf.Jobs, rateOf, limiterSpec{})
+	got := make([]int64, len(starts))
 	for i, j := range jf.Jobs {
+		got[i] = starts[i].Microseconds()
 		if got[i] != exact[i] {
 			t.Errorf("%s (cost %d, at %d ms) starts at %v, the exact schedule at %v",
 				j.ID, j.Cost, j.AtMS, time.Duration(got[i])*time.Microsecond, time.Duration(exact[i])*time.Microsecond)

@@ -12,12 +12,21 @@ import (
 )
 
 // mustWait returns, per tenant, how many jobs of the trace cannot start
-// on arrival under their tenant's limit: an exact first-come-first-served
-// replay of the trace on in-memory limiters of the run's family at fixed
-// instants, where every job that cannot start reserves its slot and
-// starts there. It is the floor of the NAKs a run needs (one each), and
-// what the summary's NAKs are judged against.
+// on arrival under their tenant's limit (see replay). It is the floor of
+// the NAKs a run needs (one each), and what the summary's NAKs are judged
+// against.
 func mustWait(jobs []job, rateOf func(string) throttle.Rate, spec limiterSpec) map[string]int {
+	_, waited := replay(jobs, rateOf, spec)
+	return waited
+}
+
+// replay is an exact first-come-first-served replay of the trace on
+// in-memory limiters of the run's family at fixed instants, where every
+// job that cannot start reserves its slot and starts there. It returns
+// each job's start, from the replay's start (-1 for a job its limiter
+// could not decide), and per tenant how many jobs could not start on
+// arrival.
+func replay(jobs []job, rateOf func(string) throttle.Rate, spec limiterSpec) (starts []time.Duration, waited map[string]int) {
 	clock := &fixedClock{}
 	limiters := map[string]throttle.IDLimiter{}
 	limiter := func(tenant string) throttle.IDLimiter {
@@ -40,34 +49,41 @@ func mustWait(jobs []job, rateOf func(string) throttle.Rate, spec limiterSpec) m
 	}
 	// Arrivals in order; each waiting job comes back at its slot.
 	type event struct {
-		at  time.Duration
-		job job
+		at time.Duration
+		i  int // in jobs
 	}
 	events := make([]event, 0, len(jobs))
-	for _, j := range jobs {
-		events = append(events, event{j.at(), j})
+	starts = make([]time.Duration, len(jobs))
+	for i, j := range jobs {
+		events = append(events, event{j.at(), i})
+		starts[i] = -1
 	}
-	waited := map[string]int{}
+	waited = map[string]int{}
 	ctx := context.Background()
 	for len(events) > 0 {
 		sort.SliceStable(events, func(a, b int) bool { return events[a].at < events[b].at })
 		e := events[0]
 		events = events[1:]
-		l := limiter(e.job.Tenant)
+		j := jobs[e.i]
+		l := limiter(j.Tenant)
 		if l == nil {
 			continue
 		}
 		clock.t = time.Unix(0, 0).Add(e.at)
-		d, err := l.AllowID(ctx, e.job.Tenant, max(e.job.Cost, 1), e.job.ID, math.MaxInt64)
-		if err != nil || d.Allowed {
+		d, err := l.AllowID(ctx, j.Tenant, max(j.Cost, 1), j.ID, math.MaxInt64)
+		switch {
+		case err != nil:
+			continue
+		case d.Allowed:
+			starts[e.i] = e.at
 			continue
 		}
-		if e.at == e.job.at() {
-			waited[e.job.Tenant]++
+		if e.at == j.at() {
+			waited[j.Tenant]++
 		}
-		events = append(events, event{e.at + d.RetryAfter, e.job})
+		events = append(events, event{e.at + d.RetryAfter, e.i})
 	}
-	return waited
+	return starts, waited
 }
 
 // fixedClock is the clock of the replay.

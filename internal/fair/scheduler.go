@@ -532,6 +532,17 @@ type Block struct {
 
 func (b Block) none() bool { return b.Until.IsZero() && !b.UntilDone }
 
+// Refused is the block of a key whose rate refused a message at at, to
+// retry after retryAfter: until then, since the key's other messages
+// would be refused as well; none when the refusal reserved the message's
+// own slot (the others may still fit before it).
+func Refused(at time.Time, retryAfter time.Duration, reserved bool) Block {
+	if reserved {
+		return Block{}
+	}
+	return Block{Until: at.Add(retryAfter)}
+}
+
 // block blocks k as b says.
 func (s *Scheduler) block(k *keyState, b Block, now time.Time) {
 	if b.none() {
