@@ -65,6 +65,26 @@ func TestOneDecreasePerEvent(t *testing.T) {
 	}
 }
 
+// TestDecreaseRoundsToNearest: the margin is rounded to the nearest
+// call, so that a small quota is not cut by a whole call: 10 accepted
+// give 10 (9.5), not 9, which would run the partner at 90 %; 11 give 10
+// (10.45), 7 give 7 (6.65).
+func TestDecreaseRoundsToNearest(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	ceiling := throttle.Rate{Count: 100, Per: time.Minute}
+	for accepted, want := range map[int]int{10: 10, 11: 10, 7: 7, 25: 24, 40: 38} {
+		l, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		accept(t, l, "p", accepted)
+		if got, err := l.Rejected(ctx, "p"); err != nil || got != want {
+			t.Errorf("%d accepted in the window, then a 429: limit %d, %v; want %d", accepted, got, err, want)
+		}
+	}
+}
+
 // TestGrowsBackAndSurvivesLoss: after two windows without a decrease the
 // limit grows by 2 % of the estimate per window back to the estimate,
 // then beyond it by 0.02 % of it times the square of the windows; when
@@ -197,8 +217,8 @@ func TestFirstWindowPaced(t *testing.T) {
 		t.Fatalf("first window: Limit %d, want the ceiling 100", got)
 	}
 	accept(t, l, "p", 30)
-	if got, err := l.Rejected(ctx, "p"); err != nil || got != 28 {
-		t.Fatalf("429 in the first window: %d, %v; want 28 (30 accepted less 5 %%), not capped at the paced 10", got, err)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 29 {
+		t.Fatalf("429 in the first window: %d, %v; want 29 (30 accepted less 5 %%, 28.5 rounded), not capped at the paced 10", got, err)
 	}
 	if q := l.Quota("q"); q != paced {
 		t.Fatalf("another key's first window: %+v, want %+v", q, paced)
@@ -207,7 +227,7 @@ func TestFirstWindowPaced(t *testing.T) {
 	if q := l.Quota("q"); q.Rate != ceiling {
 		t.Fatalf("after the first window: %+v, want the ceiling %v", q, ceiling)
 	}
-	if q := l.Quota("p"); q.Rate.Count != 28 || q.Rate.Per != ceiling.Per {
-		t.Fatalf("the decreased key: %+v, want 28 per %v", q, ceiling.Per)
+	if q := l.Quota("p"); q.Rate.Count != 29 || q.Rate.Per != ceiling.Per {
+		t.Fatalf("the decreased key: %+v, want 29 per %v", q, ceiling.Per)
 	}
 }

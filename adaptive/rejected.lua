@@ -2,7 +2,7 @@
 -- (none within a window of the last decrease) sets the key's limit to the
 -- estimate of the partner's quota: the calls it accepted in the last
 -- window (it accepted exactly its quota in the window where 429s began),
--- less the margin, at least the floor and never above the limit the
+-- less the margin (rounded to the nearest call), at least the floor and never above the limit the
 -- caller saw. Later 429s of the same event change nothing: one decrease
 -- per event, for every process.
 -- KEYS[1]  the key's state: a hash {limit, estimate, decreased} (decreased
@@ -34,7 +34,9 @@ if s[1] and now - decreased < per then
 	return {tonumber(s[1]), tonumber(s[2]) or 0, decreased, now, 0}
 end
 local estimate = redis.call("ZCOUNT", KEYS[2], "(" .. string.format("%d", now - per), "+inf")
-local limit = math.floor(estimate * (1000 - tonumber(ARGV[4])) / 1000)
+-- Rounded to the nearest call (a half up): at small quotas a margin of
+-- less than a call rounded down would take a whole one (9 for 10, 10 %).
+local limit = math.floor(estimate * (1000 - tonumber(ARGV[4])) / 1000 + 0.5)
 limit = math.max(floor, math.min(limit, seen))
 redis.call("HSET", KEYS[1], "limit", limit, "estimate", estimate, "decreased", now)
 redis.call("PEXPIRE", KEYS[1], ARGV[5])
