@@ -146,6 +146,10 @@ type bucketID struct {
 
 func takeKey(r takeReq) string { return r.key }
 
+// groupKey returns the key a group's script call is routed by: its
+// bucket's, the first of its KEYS (its pause shares its slot).
+func groupKey(g []*takeCall) string { return g[0].Req.key }
+
 // command builds bucket.lua's call for groups: the bucket and pause of each
 // key, now, then each key's quota and requests (a group's requests share
 // their quota: see takeMany).

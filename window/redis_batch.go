@@ -139,6 +139,10 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 
 func requestKey(r request) string { return r.key }
 
+// groupKey returns the key a group's script call is routed by: its sorted
+// set's, the first of its KEYS (every key of a group shares its slot).
+func groupKey(g []*call) string { return g[0].Req.key }
+
 // command builds the script call of groups: the keys of each, the
 // clock's arguments, then each key's window, limit and requests.
 func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCmd {
