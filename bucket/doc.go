@@ -101,9 +101,21 @@
 //     for every process. A partial loss can still cost a bucket's worth;
 //     bound it with persistence or WAIT.
 //   - Redis.AllowN and the Hybrid's leases are coalesced: while calls are
-//     in flight, the others go together in the next script call (per key
-//     on a cluster). AllowID is one script call per decision;
-//     Redis.AllowBatch decides many requests in one call per 256.
+//     in flight, the others go together in the next flush: one script call
+//     for every key on a *redis.Client, one per Redis Cluster hash slot on
+//     a *redis.ClusterClient (the keys of one slot together, the calls
+//     pipelined), one per key on a *redis.Ring (it shards by its own hash)
+//     or any other client. AllowID is one script call per decision;
+//     Redis.AllowBatch decides many requests in one call per 256 (per
+//     slot on a cluster).
+//   - WithOneKeyPerCall sends one key per script call whatever the
+//     client, for a proxy that refuses scripts of several keys or routes
+//     them by their first key alone. A server that answers CROSSSLOT to a
+//     call of several keys (a cluster node behind a plain client, a proxy;
+//     nothing ran) moves the limiter for good from one call to one per
+//     slot, and from one per slot to one per key, sending the refused keys
+//     again so. Processes with and without the option, and releases
+//     before per-slot calls, decide the same keys together exactly.
 //
 // # Timeouts
 //

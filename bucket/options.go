@@ -35,6 +35,8 @@ type config struct {
 	server      bool
 	serverLocal throttle.Clock
 	quotas      throttle.QuotaFunc // WithQuotas; nil: the limiter's own for every key
+	// oneKeyPerCall: WithOneKeyPerCall.
+	oneKeyPerCall bool
 }
 
 const (
@@ -172,6 +174,25 @@ func WithServerClock() Option {
 func withServerClockOver(local throttle.Clock) Option {
 	return optionFunc(func(cfg *config) error {
 		cfg.server, cfg.serverLocal = true, local
+		return nil
+	})
+}
+
+// WithOneKeyPerCall makes a Redis bucket (and a Hybrid's Redis calls) send one script call per key,
+// pipelined, instead of one call for every key of a coalesced flush (on a
+// *redis.Client) or one per Redis Cluster hash slot (on a
+// *redis.ClusterClient): for a proxy in front of Redis that refuses
+// scripts of several keys, or that routes a script by its first key alone
+// and could run it where the other keys do not live (a proxy that answers
+// CROSSSLOT needs no option: the limiter moves to fewer keys per call by
+// itself, at the cost of one refused call). Decisions are the same either
+// way, and processes with and without it decide the same keys together
+// exactly; it costs Redis a script call per key of a flush instead of per
+// flush (or slot). A *redis.Ring and clients other than *redis.Client and
+// *redis.ClusterClient always send one key per call. Local ignores it.
+func WithOneKeyPerCall() Option {
+	return optionFunc(func(cfg *config) error {
+		cfg.oneKeyPerCall = true
 		return nil
 	})
 }

@@ -84,9 +84,10 @@ type Redis struct {
 
 	batch *coalesce.Batcher[takeReq, taken]
 	// calls sends a flush: one bucket.lua call for every key on a
-	// *redis.Client, one per key on clients that route by cluster slot (a
-	// *redis.ClusterClient or *redis.Ring, and any other) and once a
-	// server refused keys of several slots in one call.
+	// *redis.Client, one per hash slot on a *redis.ClusterClient, one per
+	// key on a *redis.Ring or any other client and with WithOneKeyPerCall,
+	// and the next of these once a server refused keys of several slots in
+	// one call (see redisscript.Grouped).
 	calls *redisscript.Grouped[[]*takeCall]
 
 	held lost.Held // until when buckets this process took from are not full: to tell a lost one
@@ -142,8 +143,8 @@ func NewRedis(c redis.Scripter, r throttle.Rate, burst int, opts ...Option) (*Re
 	for i := range l.argInt {
 		l.argInt[i] = strconv.Itoa(i)
 	}
-	l.calls = &redisscript.Grouped[[]*takeCall]{Script: takeScript, Client: c, Build: l.command, Settle: l.settle, RoundTrip: l.rt}
-	if _, standalone := c.(*redis.Client); !standalone {
+	l.calls = &redisscript.Grouped[[]*takeCall]{Script: takeScript, Client: c, Build: l.command, Settle: l.settle, Key: groupKey, RoundTrip: l.rt}
+	if cfg.oneKeyPerCall {
 		l.calls.OneKeyPerCall()
 	}
 	l.batch = coalesce.New(l.rt.Shared(), maxBatch, l.takeOne, l.takeMany)

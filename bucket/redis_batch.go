@@ -63,7 +63,8 @@ func (l *Redis) takeReq(key string, lim *keyLimits, min, max int) takeReq {
 // AllowBatch decides reqs as AllowN would, one after another in order,
 // on the caller's goroutine, as throttle.BatchLimiter says (errors
 // included): in one script call per 256 requests on a *redis.Client (one
-// call per key on a cluster, and per run of a key whose quota changed
+// call per hash slot on a *redis.ClusterClient, per key on a *redis.Ring
+// or with WithOneKeyPerCall, and per run of a key whose quota changed
 // within the batch), pipelined. Errors before any Redis call wrap
 // throttle.ErrInvalidCost (a bad cost) or, with WithQuotas,
 // throttle.ErrInvalidOption (a bad quota); Redis errors are wrapped as
@@ -145,6 +146,10 @@ type bucketID struct {
 }
 
 func takeKey(r takeReq) string { return r.key }
+
+// groupKey returns the key a group's script call is routed by: its
+// bucket's, the first of its KEYS (its pause shares its slot).
+func groupKey(g []*takeCall) string { return g[0].Req.key }
 
 // command builds bucket.lua's call for groups: the bucket and pause of each
 // key, now, then each key's quota and requests (a group's requests share

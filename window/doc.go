@@ -102,11 +102,15 @@
 // would outlast the default timeout), each key's requests in arrival
 // order. On a
 // *redis.Client one script call carries every key of the flush; on a
-// *redis.ClusterClient, a *redis.Ring or any other client (which route by
-// key) there is one script call per key, pipelined, and so it is on a
-// *redis.Client once a server refuses keys of several cluster slots in
-// one call (CROSSSLOT, as a proxy in front of a cluster does; nothing ran,
-// so the flush is sent again key by key). The script decides the
+// *redis.ClusterClient one script call per Redis Cluster hash slot carries
+// the keys of that slot, the calls pipelined (see Redis Cluster below); on
+// a *redis.Ring (which shards by its own hash, not by slot) or any other
+// client, and with [WithOneKeyPerCall], there is one script call per key,
+// pipelined. A server that refuses keys of several slots in one call
+// (CROSSSLOT: a cluster node behind a plain client, a proxy in front of a
+// cluster; nothing ran) moves the limiter for good to the next of these,
+// from one call to one per slot, from one per slot to one per key, and the
+// refused keys are sent again so. The script decides the
 // requests one after another at one instant, with exactly the results of
 // the same calls made one by one then. A flush whose requests all fit
 // (AllowN, and AllowID with new ids) takes a fast path: one ZMSCORE for
@@ -135,7 +139,8 @@
 // A caller that holds many requests at once decides them with
 // [Redis.AllowBatch] (throttle.BatchLimiter): as AllowN one after another,
 // on its own goroutine, in one script call per 256 requests and MaxCost
-// units (per key on a cluster), without the queue and beside it.
+// units (per hash slot on a cluster, per key on a Ring or with
+// WithOneKeyPerCall), without the queue and beside it.
 //
 // # Pause
 //
@@ -225,10 +230,20 @@
 //
 // [NewRedis] takes a redis.Scripter, which *redis.Client,
 // *redis.ClusterClient and *redis.Ring all satisfy. On a Redis Cluster
-// each decision is one script run on the master that holds the key's slot
-// (go-redis routes EVALSHA by its first key), and the script touches only
-// the keys of one identity (its sorted set, hint, pause and clock floor), all in
-// the key's slot, so no decision can fail with CROSSSLOT. If a master is
+// each script call runs on the master that holds its keys' slot (go-redis
+// routes EVALSHA by its first key): the keys of one identity (its sorted
+// set, hint, pause and clock floor) all lie in the identity's slot, and a
+// coalesced flush or a batch puts the identities of one slot in one call
+// (their slot from the hash tag, the CRC16 of the escaped identity, as
+// Redis computes it), the calls of different slots pipelined, so no
+// decision fails with CROSSSLOT, and Redis runs one script per slot of a
+// flush rather than one per key. A proxy in front of a cluster that
+// refuses scripts of several keys, or that routes a script by its first
+// key alone, needs [WithOneKeyPerCall]; one that answers CROSSSLOT needs
+// nothing (see above). Processes with and without it, and releases before
+// it (one key per call on a cluster), decide the same keys together
+// exactly: a call of several keys decides each key as a call of its own
+// would, atomically per key. If a master is
 // down, AllowN returns an error for the keys in its slots only, and the
 // throttle.Gate's failure policy decides for them; keys on the other
 // masters are decided as before. Run the cluster with

@@ -75,9 +75,10 @@ type Redis struct {
 	quotas   throttle.QuotaFunc
 	batch    *coalesce.Batcher[request, throttle.Decision]
 	// calls sends a flush: one script call for every key on a
-	// *redis.Client, one per key on clients that route by cluster slot (a
-	// *redis.ClusterClient or *redis.Ring, and any other) and once a
-	// server refused keys of several slots in one call.
+	// *redis.Client, one per hash slot on a *redis.ClusterClient, one per
+	// key on a *redis.Ring or any other client and with WithOneKeyPerCall,
+	// and the next of these once a server refused keys of several slots in
+	// one call (see redisscript.Grouped).
 	calls *redisscript.Grouped[[]*call]
 
 	lastExpiry atomic.Pointer[expiryArg] // see expiry
@@ -145,8 +146,8 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 		l.server = redisclock.New(t, cfg.serverLocal)
 		l.clock = l.server
 	}
-	l.calls = &redisscript.Grouped[[]*call]{Script: windowScript, Client: c, Build: l.command, Settle: l.settle, RoundTrip: l.rt}
-	if _, standalone := c.(*redis.Client); !standalone {
+	l.calls = &redisscript.Grouped[[]*call]{Script: windowScript, Client: c, Build: l.command, Settle: l.settle, Key: groupKey, RoundTrip: l.rt}
+	if cfg.oneKeyPerCall {
 		l.calls.OneKeyPerCall()
 	}
 	l.batch = coalesce.New(l.rt.Shared(), maxBatch, l.one, l.many).WithUnits(func(r request) int { return r.n }, maxUnits)

@@ -92,7 +92,8 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 // AllowBatch decides reqs as AllowN would, one after another in order,
 // on the caller's goroutine, as throttle.BatchLimiter says (errors
 // included): in one script call per 256 requests and MaxCost units on a
-// *redis.Client (one call per key on a cluster, and per run of a key whose
+// *redis.Client (one call per hash slot on a *redis.ClusterClient, per key
+// on a *redis.Ring or with WithOneKeyPerCall, and per run of a key whose
 // quota changed within the batch), pipelined. Errors before any Redis call
 // wrap throttle.ErrInvalidCost (a bad cost) or, with WithQuotas,
 // throttle.ErrInvalidOption (a bad quota); Redis errors are wrapped as
@@ -138,6 +139,10 @@ func (l *Redis) many(ctx context.Context, calls []*call) {
 }
 
 func requestKey(r request) string { return r.key }
+
+// groupKey returns the key a group's script call is routed by: its sorted
+// set's, the first of its KEYS (every key of a group shares its slot).
+func groupKey(g []*call) string { return g[0].Req.key }
 
 // command builds the script call of groups: the keys of each, the
 // clock's arguments, then each key's window, limit and requests.
