@@ -125,10 +125,10 @@ func WithPacedStart(maxCost int) Option {
 }
 
 // WithReplan sets what a process runs after it decreased key's limit:
-// thin the reservations planned at the old pace to the new limit
-// (window.Redis's Replan), so that the requests whose slots no longer fit
-// are planned again at the new one when they come back. Without it they keep their slots,
-// and are re-planned one by one as they find their windows full.
+// plan the reservations made at the old pace again at the new limit
+// (window.Redis's Replan: in order, spread at the new pace). Without it
+// they keep their slots, and are re-planned one by one as they find their
+// windows full.
 func WithReplan(f func(ctx context.Context, key string)) Option {
 	return func(l *Limit) { l.replan = f }
 }

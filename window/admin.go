@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"fmt"
 	"hash/maphash"
-	"slices"
 	"sort"
 	"strconv"
 
@@ -104,19 +103,23 @@ var replanLua string
 
 var replanScript = redis.NewScript(replanLua)
 
-// Replan thins key's reservations ahead to its limit now, and returns how
-// many units it dropped: when the key's limit has gone down (a quota
-// lowered, an adaptive partner limit after a 429), slots planned at the
-// old pace would keep the schedule overbooked. In slot order, a
-// reservation stays when the window ending at its slot, with what was
-// admitted and the reservations kept before it, has room for it under
-// the limit now; the others go, each whole, and a request that held one
-// is planned again, as a new one, when it comes back. So a limit 8 %
-// lower drops about 8 % of them, the latest of each crowded window, and
-// the rest keep their places. Admissions, and reservations whose slot has
-// come, stay. One script call (replan.lua) for every process. Errors are
-// the quota's (see WithQuotas), or Redis or context errors (bounded by
-// WithTimeout), wrapped as "window: redis: ...".
+// Replan plans key's reservations ahead again at its limit now, and
+// returns how many units moved: when the key's limit has gone down (a
+// quota lowered, an adaptive partner limit after a 429), slots planned at
+// the old pace would keep the schedule overbooked, and in bunches. In slot
+// order, each reservation moves to the earliest instant, no earlier than
+// its slot, at which the window ending there (with what was admitted and
+// the reservations placed before it) has room for it under the limit now,
+// and no earlier than the one placed before it plus that one's share of
+// the window (Per / Count per unit): the reservations keep their order and
+// are spread at the new pace, where a full window would otherwise repeat
+// the bunches of the old one window after window. A request whose slot
+// moved is told its new one when it comes back at the old (one delivery
+// more, as a dropped slot would cost); a reservation of more units than
+// the limit now never fits, and goes (counted as moved). Admissions, and
+// reservations whose slot has come, stay. One script call (replan.lua)
+// for every process. Errors are the quota's (see WithQuotas), or Redis or
+// context errors (bounded by WithTimeout), wrapped as "window: redis: ...".
 func (l *Redis) Replan(ctx context.Context, key string) (int, error) {
 	r, err := quotaOf(l.quotas, l.rate, key)
 	if err != nil {
@@ -136,8 +139,9 @@ func (l *Redis) Replan(ctx context.Context, key string) (int, error) {
 	return n, nil
 }
 
-// Replan thins key's reservations ahead to its limit now, as Redis.Replan
-// does, and returns how many units it dropped. Errors are the quota's.
+// Replan plans key's reservations ahead again at its limit now, as
+// Redis.Replan does, and returns how many units moved. Errors are the
+// quota's.
 func (m *Memory) Replan(_ context.Context, key string) (int, error) {
 	r, perUS, err := m.rateOf(key)
 	if err != nil {
@@ -151,31 +155,7 @@ func (m *Memory) Replan(_ context.Context, key string) (int, error) {
 	if l == nil {
 		return 0, nil
 	}
-	var drop []int // indexes in es, oldest first
-	kept := make([]entry, 0, len(l.es)-l.head)
-	first, sum := 0, 0
-	for i := l.head; i < len(l.es); i++ {
-		e := l.es[i]
-		if e.at <= now-window {
-			continue
-		}
-		for first < len(kept) && kept[first].at <= e.at-window {
-			sum -= kept[first].n
-			first++
-		}
-		if e.reserved && e.at > now && sum+e.n > r.Count {
-			drop = append(drop, i)
-			continue
-		}
-		kept = append(kept, e)
-		sum += e.n
-	}
-	dropped := 0
-	for _, i := range slices.Backward(drop) {
-		dropped += l.es[i].n
-		l.remove(i)
-	}
-	return dropped, nil
+	return l.replan(now, window, r.Count), nil
 }
 
 var resetScript = redis.NewScript(resetLua)

@@ -1,19 +1,27 @@
--- replan.lua: thin one key's reservations ahead to its limit now (which
--- has gone down since they were planned): in slot order, a reservation
--- stays when the window ending at its slot, with the admissions and the
--- reservations kept before it, leaves room for it; else it is dropped,
--- and its request is planned again when it comes back. Every window then
--- holds at most limit units (the fullest window of a log ends at one of
--- its units). Admissions, and reservations whose slot has come, stay.
+-- replan.lua: plan one key's reservations ahead again at its limit now
+-- (which has gone down since they were planned), in slot order: each
+-- moves to the earliest instant, no earlier than its slot, at which the
+-- window ending there, with the admissions and the reservations placed
+-- before it, has room for it, and no earlier than the one placed before
+-- it plus that one's share of the window (window / limit per unit). Every
+-- window then holds at most limit units (the fullest window of a log ends
+-- at one of its units), the reservations keep their order, and they are
+-- spread at the new pace: slots planned at a faster one would otherwise
+-- come in bunches, and a full window repeats its bunches window after
+-- window. A request whose slot moved is told its new one when it comes
+-- back at the old; a reservation of more units than the limit now never
+-- fits, and goes. Admissions, and reservations whose slot has come, stay.
 --
 -- KEYS[1]  the key's sorted set (see window.lua).
 -- KEYS[2]  the key's schedule (see window.lua): its slot-search hint no
---          longer holds, and is cleared (as in refund.lua).
+--          longer holds, and is cleared (as in refund.lua); its bound of
+--          the reserved units follows the latest.
 -- ARGV[1]  now, µs, from the client's clock; "" for the server's TIME.
 -- ARGV[2]  the window, µs (its nominal length).
 -- ARGV[3]  the limit now (integer >= 1).
 --
--- Returns the number of reserved units dropped (a reservation goes whole).
+-- Returns the number of reserved units moved or gone (a reservation moves
+-- whole).
 local now
 local window = tonumber(ARGV[2])
 if ARGV[1] ~= "" then
@@ -44,31 +52,62 @@ for i = 1, #raw, 2 do
 		entries[#entries + 1] = { at = at, n = 1 }
 	end
 end
-local kept, first, sum = {}, 1, 0 -- the entries that stay; kept[first..] within the window, sum units
-local drop = {}
+local pace = window / limit -- µs of the window per unit at the new limit
+local kept, first, sum = {}, 1, 0 -- the entries placed; kept[first..] within the window, sum units
+local nextAt = 0 -- no reservation before it: the last placed plus its share
+local moved, members, newest = 0, {}, 0
+local drop = {} -- the units of reservations above the limit now: they never fit
 for _, e in ipairs(entries) do
-	while first <= #kept and kept[first].at <= e.at - window do
-		sum = sum - kept[first].n
-		first = first + 1
-	end
-	if e.members and sum + e.n > limit then
+	if e.members and e.n > limit then
 		for _, m in ipairs(e.members) do
 			drop[#drop + 1] = m
 		end
+		moved = moved + e.n
 	else
+		local at = e.at
+		if e.members then
+			at = math.max(at, nextAt)
+		end
+		while true do
+			while first <= #kept and kept[first].at <= at - window do
+				sum = sum - kept[first].n
+				first = first + 1
+			end
+			if not e.members or sum + e.n <= limit then
+				break
+			end
+			at = kept[first].at + window -- the oldest in the window leaves
+		end
+		if at ~= e.at then
+			moved = moved + e.n
+			local score = string.format("%d", at)
+			for _, m in ipairs(e.members) do
+				members[#members + 1] = score
+				members[#members + 1] = m
+			end
+		end
+		if e.members then
+			newest = at
+		end
+		e.at = at
 		kept[#kept + 1] = e
 		sum = sum + e.n
+		nextAt = math.max(nextAt, math.floor(at + e.n * pace))
 	end
 end
 for i = 1, #drop, 500 do
 	redis.call("ZREM", KEYS[1], unpack(drop, i, math.min(i + 499, #drop)))
 end
-if #drop > 0 then
-	-- Units left instants ahead: the hint no longer holds. The newest
-	-- reservation stays a bound of those left.
-	local newest = string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")
-	if newest then
-		redis.call("SET", KEYS[2], newest .. " 0 0 0 0", "KEEPTTL")
-	end
+for i = 1, #members, 1000 do
+	redis.call("ZADD", KEYS[1], "XX", unpack(members, i, math.min(i + 999, #members)))
 end
-return #drop
+if moved > 0 then
+	-- Units left instants ahead: the hint no longer holds. The schedule
+	-- bounds every reserved unit, and lives as window.lua keeps it: until
+	-- the newest has passed by lateGrace (10 s) and a window.
+	local bound = math.max(newest, tonumber(string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")) or 0)
+	local ms = math.ceil((bound + 10000000 - now + window) / 1000)
+	redis.call("SET", KEYS[2], string.format("%d 0 0 0 0", bound), "PX", ms)
+	redis.call("PEXPIRE", KEYS[1], ms, "GT")
+end
+return moved

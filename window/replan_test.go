@@ -18,12 +18,74 @@ type replanner interface {
 }
 
 // TestReplan: after the key's limit went down (4 to 2 per second), the
-// reservations ahead are thinned to it in slot order, each whole: of those
-// at T0+1s the first two units stay (a reservation of cost 2) and the
-// rest go; the one at T0+2s fits and stays; admissions stay. A request
-// whose reservation went is planned again when it comes back, after
-// those kept. Memory and Redis alike, on a fake clock.
+// reservations ahead are planned again at it in slot order, each whole,
+// spread by their share of the window (500 ms a unit): e (2 units) keeps
+// T0+1s, f and g move from T0+1s to T0+2s and T0+2.5s, h from T0+2s to
+// T0+3s; admissions stay. Planned again, nothing moves. At a limit of 1,
+// e's 2 units never fit and go, and f, g and h spread a second apart.
+// Memory and Redis alike, on a fake clock.
 func TestReplan(t *testing.T) {
+	testReplan(t, func(t *testing.T, l replanner, limit *atomic.Int64, want func(id string, n int, allowed bool, retry time.Duration)) {
+		ctx := context.Background()
+		for _, id := range []string{"a", "b", "c", "d"} {
+			want(id, 1, true, 0)
+		}
+		want("e", 2, false, time.Second)
+		want("f", 1, false, time.Second)
+		want("g", 1, false, time.Second)
+		want("h", 1, false, 2*time.Second)
+		limit.Store(2)
+		if n, err := l.Replan(ctx, "k"); err != nil || n != 3 {
+			t.Fatalf("Replan: %d, %v; want f, g and h moved (3 units)", n, err)
+		}
+		want("e", 2, false, time.Second)
+		want("f", 1, false, 2*time.Second)
+		want("g", 1, false, 2500*time.Millisecond)
+		want("h", 1, false, 3*time.Second)
+		want("a", 1, true, 0) // still admitted
+		if n, err := l.Replan(ctx, "k"); err != nil || n != 0 {
+			t.Fatalf("Replan again: %d, %v; want nothing more to move", n, err)
+		}
+		if n, err := l.Replan(ctx, "unknown"); err != nil || n != 0 {
+			t.Fatalf("Replan(unknown): %d, %v", n, err)
+		}
+		limit.Store(1)
+		if n, err := l.Replan(ctx, "k"); err != nil || n != 4 {
+			t.Fatalf("Replan at 1: %d, %v; want e's 2 units gone, g and h moved (4 units)", n, err)
+		}
+		want("f", 1, false, 2*time.Second)
+		want("g", 1, false, 3*time.Second)
+		want("h", 1, false, 4*time.Second)
+		want("i", 1, false, time.Second) // a new request: in the gap e left
+	})
+}
+
+// TestReplanSpreads: reservations planned in a bunch (four at T0+1s, four
+// at T0+2s, at a limit of 4 per second) are spread at the new limit's
+// pace (2 per second: 500 ms a unit), in their order, and a full window
+// no longer repeats the bunch.
+func TestReplanSpreads(t *testing.T) {
+	testReplan(t, func(t *testing.T, l replanner, limit *atomic.Int64, want func(id string, n int, allowed bool, retry time.Duration)) {
+		for _, id := range []string{"a", "b", "c", "d"} {
+			want(id, 1, true, 0)
+		}
+		for i, id := range []string{"r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"} {
+			want(id, 1, false, time.Duration(1+i/4)*time.Second)
+		}
+		limit.Store(2)
+		if n, err := l.Replan(context.Background(), "k"); err != nil || n != 7 {
+			t.Fatalf("Replan: %d, %v; want all but r1 moved (7 units)", n, err)
+		}
+		for i, id := range []string{"r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"} {
+			want(id, 1, false, time.Second+time.Duration(i)*500*time.Millisecond)
+		}
+	})
+}
+
+// testReplan runs body on Memory and on Redis, on a fake clock at T0,
+// with a limit per second that body sets (4 at the start) and want, which
+// checks an AllowID of key "k" with a minute's horizon.
+func testReplan(t *testing.T, body func(t *testing.T, l replanner, limit *atomic.Int64, want func(id string, n int, allowed bool, retry time.Duration))) {
 	client := redistest.Shared(t).Client(t)
 	r := throttle.Rate{Count: 4, Per: time.Second}
 	var limit atomic.Int64
@@ -41,40 +103,15 @@ func TestReplan(t *testing.T) {
 		"Redis": func(c throttle.Clock) replanner { return newTestRedis(t, client, r, WithClock(c), quotas) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			clock := throttletest.NewClock(throttletest.T0)
 			limit.Store(4)
-			l := build(clock)
-			want := func(id string, n int, allowed bool, retry time.Duration) {
+			l := build(throttletest.NewClock(throttletest.T0))
+			body(t, l, &limit, func(id string, n int, allowed bool, retry time.Duration) {
 				t.Helper()
-				d, err := l.AllowID(ctx, "k", n, id, time.Minute)
+				d, err := l.AllowID(context.Background(), "k", n, id, time.Minute)
 				if err != nil || d.Allowed != allowed || (!allowed && (!d.Reserved || d.RetryAfter != retry)) {
 					t.Fatalf("%s: %+v, %v; want allowed %v, reserved at %v", id, d, err, allowed, retry)
 				}
-			}
-			for _, id := range []string{"a", "b", "c", "d"} {
-				want(id, 1, true, 0)
-			}
-			want("e", 2, false, time.Second)
-			want("f", 1, false, time.Second)
-			want("g", 1, false, time.Second)
-			want("h", 1, false, 2*time.Second)
-			limit.Store(2)
-			n, err := l.Replan(ctx, "k")
-			if err != nil || n != 2 {
-				t.Fatalf("Replan: %d, %v; want f and g dropped (2 units), e and h kept", n, err)
-			}
-			want("e", 2, false, time.Second)   // kept
-			want("h", 1, false, 2*time.Second) // kept
-			want("a", 1, true, 0)              // still admitted
-			want("f", 1, false, 2*time.Second) // planned again: beside h
-			want("g", 1, false, 3*time.Second)
-			if n, err := l.Replan(ctx, "k"); err != nil || n != 0 {
-				t.Fatalf("Replan again: %d, %v; want nothing more to drop", n, err)
-			}
-			if n, err := l.Replan(ctx, "unknown"); err != nil || n != 0 {
-				t.Fatalf("Replan(unknown): %d, %v", n, err)
-			}
+			})
 		})
 	}
 }

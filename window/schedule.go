@@ -189,6 +189,52 @@ func (l *windowLog) remove(i int) {
 	l.es = l.es[:len(l.es)-1]
 }
 
+// replan plans the reservations ahead of now again at limit, as
+// replan.lua does (see Redis.Replan), and returns the units moved or gone.
+func (l *windowLog) replan(now, window int64, limit int) int {
+	pace := float64(window) / float64(limit) // µs of the window per unit
+	var nextAt int64                         // no reservation before it
+	moved, first, sum := 0, l.head, 0        // es[first:i] placed within the window: sum units
+	for i := l.head; i < len(l.es); i++ {
+		e := &l.es[i]
+		if e.at <= now-window {
+			first = i + 1
+			continue
+		}
+		ahead := e.reserved && e.at > now
+		if ahead && e.n > limit {
+			moved += e.n
+			l.remove(i)
+			i--
+			continue
+		}
+		at := e.at
+		if ahead {
+			at = max(at, nextAt)
+		}
+		for {
+			for first < i && l.es[first].at <= at-window {
+				sum -= l.es[first].n
+				first++
+			}
+			if !ahead || sum+e.n <= limit {
+				break
+			}
+			at = l.es[first].at + window // the oldest in the window leaves
+		}
+		if at != e.at {
+			moved += e.n
+			e.at = at
+			if e.named {
+				l.ids[e.id] = at
+			}
+		}
+		sum += e.n
+		nextAt = max(nextAt, int64(float64(at)+float64(e.n)*pace))
+	}
+	return moved
+}
+
 // ahead returns what a claim of the reservation at slot is judged on: the
 // units in (from, to] that were admitted or hold an earlier slot
 // (reservations for the same or later slots, even overdue, are not ahead
