@@ -8,25 +8,33 @@
 -- count units; a full bucket holds cap = burst * per (<= 2^53, checked by
 -- the caller).
 --
--- KEYS holds two keys per bucket, bucket after bucket; below, KEYS[1] and
--- KEYS[2] are those of one bucket.
--- KEYS[1]  the bucket: credit, ts and per, packed (see convert.lua), credit
---          at ts (an integer), ts = µs since the Unix epoch at which credit was
---          measured, per = the period credit is counted in (ARGV[1] when
---          written). A missing key is a full bucket.
--- KEYS[2]  the key's pause (see pause.Suffix): the instant, µs, until which
---          every take is refused; missing when not paused.
+-- KEYS holds the k buckets, then their k pauses, in the same order:
+-- KEYS[g]      the g-th bucket: credit, ts and per, packed (see convert.lua),
+--              credit at ts (an integer), ts = µs since the Unix epoch at
+--              which credit was measured, per = the period credit is
+--              counted in (its quota's per when written). A missing key is
+--              a full bucket.
+-- KEYS[k + g]  its pause (see pause.Suffix): the instant, µs, until which
+--              every take is refused; missing when not paused.
 -- ARGV[1]  now, µs, from the client's clock; "" for the server's TIME.
--- Then, bucket after bucket:
+-- ARGV[2]  nq, the number of quotas (>= 1), then nq quotas, three
+--          arguments each (sent once however many buckets share one):
 --   per    credit per token = the refill period in µs (integer).
 --   count  credit added per µs = tokens per period (integer).
 --   cap    credit of a full bucket = burst * per.
+-- Then, bucket after bucket:
+--   q      (only when nq > 1) the bucket's quota, from 1.
 --   held   an instant, µs, until which the caller knows the bucket is not
 --          full (it saw tokens taken), so its key exists; 0: none known.
---   m      the number of requests for the bucket (>= 1), then m
---          requests, two arguments each:
---     min  take nothing unless at least min tokens are there (>= 1).
---     max  take at most max tokens (min <= max <= burst).
+--   m      the number of requests for the bucket (>= 1), then m requests,
+--          each take at least min tokens (nothing unless min are there,
+--          min >= 1) and at most max (min <= max <= burst), sent as:
+--     n         min = max = n (AllowN), one argument; or
+--     -min max  min < max (a lease), two arguments.
+--
+-- The arguments are few and short, and each bucket is read by one MGET
+-- for the whole call, because Redis's work per bucket is mostly what is
+-- done for every argument and every command (see BenchmarkScriptCPU).
 --
 -- The stored per is the period its credit is counted in. A quota
 -- whose period differs (WithQuotas, or a new Rate.Per) keeps the bucket's
@@ -46,7 +54,7 @@
 -- every process sees it.
 --
 -- Returns two integers per request, in order (bucket after bucket; then
--- the places of the buckets that failed, if any: see grouped.lua; then
+-- the places of the buckets that failed, if any: see below; then
 -- now, the instant of the decisions, µs): granted = whole tokens
 -- taken (0 or min..max); credit = what is left after taking, or what is
 -- there when nothing was taken. The caller derives remaining tokens and
@@ -56,52 +64,65 @@
 
 local now = clock(ARGV[1]) -- convert.lua
 
--- The pauses of every bucket, in one call.
-local pauses
-do
-	local names = {}
-	for k = 2, #KEYS, 2 do
-		names[#names + 1] = KEYS[k]
-	end
-	pauses = redis.call("MGET", unpack(names))
+-- The quotas, once per call.
+local nq = ARGV[2] + 0
+local pers, counts, caps = {}, {}, {}
+for q = 1, nq do
+	local b = 3 * q
+	pers[q], counts[q], caps[q] = ARGV[b] + 0, ARGV[b + 1] + 0, ARGV[b + 2] + 0
 end
 
-local out = {}
+-- Every bucket and every pause, in one call. MGET reads a key that is not
+-- a string as missing: load reads a missing bucket again, by itself.
+local k = #KEYS / 2
+local vals = redis.call("MGET", unpack(KEYS))
 
--- take decides the requests of the bucket whose keys start after KEYS[s]
--- and whose ARGV start at a; g is its place among the buckets (from 1).
-local function take(s, a, g)
-	local key = KEYS[s + 1]
-	local per = tonumber(ARGV[a])
-	local count = tonumber(ARGV[a + 1])
-	local cap = tonumber(ARGV[a + 2])
-	local held = tonumber(ARGV[a + 3])
-	local first, last = a + 5, a + 4 + 2 * tonumber(ARGV[a + 4])
+local out, n = {}, 0
 
-	local credit, ts, missing = refill(key, per, count, cap, now) -- convert.lua
+-- take decides the m requests, from ARGV[a], of the g-th bucket, under
+-- the q-th quota, held (the argument) until held; it returns the place
+-- of the next bucket's arguments.
+local function take(g, a, m, q, held)
+	local key = KEYS[g]
+	local per, count, cap = pers[q], counts[q], caps[q]
+	local credit, ts, missing = refill(key, per, count, cap, now, vals[g]) -- convert.lua
 
 	-- Paused (Pause): take nothing, write nothing.
-	local pausedUntil = tonumber(pauses[g])
-	local paused = pausedUntil and pausedUntil > now
-	local lost = not paused and held > now and missing
+	local pausedUntil = vals[k + g]
+	if pausedUntil then
+		pausedUntil = tonumber(pausedUntil)
+		if pausedUntil and pausedUntil > now then
+			for _ = 1, m do
+				local v = ARGV[a] + 0
+				a = a + 1
+				if v < 0 then
+					a = a + 1
+				end
+				out[n + 1] = now - pausedUntil
+				out[n + 2] = credit
+				n = n + 2
+			end
+			return a
+		end
+	end
+	local lost = missing and held ~= "0" and held + 0 > now
 	if lost then
 		credit, ts = 0, now
 	end
-	if paused then
-		for _ = first, last, 2 do
-			out[#out + 1] = now - pausedUntil
-			out[#out + 1] = credit
-		end
-		return
-	end
 
 	local taken = false
-	for i = first, last, 2 do
-		local want = tonumber(ARGV[i])
+	for _ = 1, m do
+		local want = ARGV[a] + 0
+		local max = want
+		a = a + 1
+		if want < 0 then
+			want, max = -want, ARGV[a] + 0
+			a = a + 1
+		end
 		local got = 0
 		if credit >= want * per then
-			local max = tonumber(ARGV[i + 1])
-			got = math.floor(credit / per)
+			got = credit / per
+			got = got - got % 1 -- floor
 			if got * per > credit then
 				got = got - 1
 			end
@@ -111,24 +132,70 @@ local function take(s, a, g)
 			credit = credit - got * per
 			taken = true
 		end
-		out[#out + 1] = got
-		out[#out + 1] = credit
+		out[n + 1] = got
+		out[n + 2] = credit
+		n = n + 2
 	end
 	if not taken and not lost then
-		return
+		return a
 	end
 	-- Time to full, µs then ms, both rounded up: ceil(ceil(a/b)/c) = ceil(a/(b*c)).
 	local d = count * 1000
-	local ttl = math.floor((cap - credit) / d)
+	local ttl = (cap - credit) / d
+	ttl = ttl - ttl % 1 -- floor
 	if ttl * d < cap - credit then
 		ttl = ttl + 1
 	end
 	store(key, credit, ts, per, ttl) -- convert.lua
+	return a
 end
 
--- The buckets one after another (eachKey: internal/redisscript/grouped.lua):
--- ARGV from 2, five header arguments per bucket, two per request, two
--- integers per reply; then now.
-local reply = eachKey(out, 2, 2, 5, 2, 2, take)
-reply[#reply + 1] = now
-return reply
+-- The buckets one after another. With several, a bucket whose commands
+-- fail (a key of another type under the prefix) fails alone: its replies
+-- are zeros and its place is listed after every reply, for the caller to
+-- send it again by itself (and get the error). take fails at the bucket's
+-- first command, before anything of it is written. With one bucket, an
+-- error fails the call.
+local a = 3 + 3 * nq
+local failed
+for g = 1, k do
+	local q = 1
+	if nq > 1 then
+		q = ARGV[a] + 0
+		a = a + 1
+	end
+	local held, m = ARGV[a], ARGV[a + 1] + 0
+	a = a + 2
+	if k == 1 then
+		a = take(g, a, m, q, held)
+	else
+		local mark = n
+		local ok, next = pcall(take, g, a, m, q, held)
+		if ok then
+			a = next
+		else
+			for i = mark + 1, n do
+				out[i] = nil
+			end
+			n = mark
+			for _ = 1, m do
+				if ARGV[a] + 0 < 0 then
+					a = a + 1
+				end
+				a = a + 1
+				out[n + 1], out[n + 2] = 0, 0
+				n = n + 2
+			end
+			failed = failed or {}
+			failed[#failed + 1] = g
+		end
+	end
+end
+if failed then
+	for _, g in ipairs(failed) do
+		n = n + 1
+		out[n] = g
+	end
+end
+out[n + 1] = now
+return out

@@ -19,24 +19,29 @@ local maxExact = 9007199254740992
 -- per may be nil, for a hash of the oldest layout), else raises WRONGTYPE
 -- naming what the key holds (form).
 local function bucketOf(credit, ts, per, form)
-	if credit and ts and math.abs(credit) <= maxExact and credit == math.floor(credit) and ts >= 0 and ts <= maxExact and ts == math.floor(ts) and (per == nil or (per >= 1 and per <= maxExact and per == math.floor(per))) then
+	if credit and ts and credit <= maxExact and credit >= -maxExact and credit % 1 == 0 and ts >= 0 and ts <= maxExact and ts % 1 == 0 and (per == nil or (per >= 1 and per <= maxExact and per % 1 == 0)) then
 		return credit, ts, per
 	end
 	error({err = "WRONGTYPE the key holds a " .. form .. " that is not a token bucket"})
 end
 
 -- load returns the credit, ts and per stored at key, or nil when the key
--- is missing. Earlier layouts are read as well, and the next store
+-- is missing. v is the key's value when the caller has read it already
+-- (MGET: false for a key missing or not a string); nil or false: read it. Earlier layouts are read as well, and the next store
 -- replaces them: the text "credit ts per" and the hash {tokens, ts, per}
 -- (per may be missing there, for the current period). A key of another
 -- type, a hash without numeric tokens and ts, or a string of another form
 -- is an error (WRONGTYPE): never read as a full bucket, and never
 -- overwritten.
-local function load(key)
-	local v = redis.pcall("GET", key)
-	if type(v) == "string" and #v == 25 and string.byte(v) == 1 then
-		local credit, ts, per = struct.unpack("<ddd", v, 2)
-		return bucketOf(credit, ts, per, "string")
+local function load(key, v)
+	if not v then
+		v = redis.pcall("GET", key)
+	end
+	if v and #v == 25 then -- an error reply is a table: # is 0
+		local version, credit, ts, per = struct.unpack("<Bddd", v)
+		if version == 1 then
+			return bucketOf(credit, ts, per, "string")
+		end
 	end
 	if not v then
 		return nil
@@ -67,8 +72,11 @@ end
 -- A quota whose period changed (WithQuotas, or a new Rate.Per) so keeps
 -- the bucket's whole tokens. params.convert in quota.go is the twin.
 local function convert(credit, sp, per, cap)
-	if sp == nil or sp == per then
-		return math.max(credit, cap - maxExact)
+	if sp == per or sp == nil then
+		if credit < cap - maxExact then
+			return cap - maxExact
+		end
+		return credit
 	end
 	local t = math.floor(credit / sp)
 	local lo = -math.floor((maxExact - cap) / per)
@@ -90,13 +98,14 @@ local function clock(arg)
 	return t[1] * 1000000 + t[2]
 end
 
--- refill reads the bucket at key at now and returns its credit (counted
+-- refill reads the bucket at key (its value v when read already: see
+-- load) at now and returns its credit (counted
 -- in per: convert), the instant it is read at, and whether the key was
 -- missing. A missing bucket is full at now. Else the credit grows by count per µs
 -- since the stored ts, up to cap; a now before ts counts as no time
 -- passing, and the instant is ts (stored time never moves backwards).
-local function refill(key, per, count, cap, now)
-	local credit, ts, sp = load(key)
+local function refill(key, per, count, cap, now, v)
+	local credit, ts, sp = load(key, v)
 	if credit == nil or ts == nil then
 		return cap, now, true
 	end

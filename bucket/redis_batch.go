@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -17,7 +18,7 @@ import (
 )
 
 // takeScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
-var takeScript = redisscript.New(redisscript.GroupedLua + convertLua + bucketLua)
+var takeScript = redisscript.New(convertLua + bucketLua)
 
 // takeReq is one request of bucket.lua: take at least min tokens of key's
 // bucket, at most max.
@@ -25,7 +26,7 @@ type takeReq struct {
 	key            string     // the Redis key of the bucket
 	pause          string     // and of its pause (key + pause.Suffix, one allocation with key)
 	lim            *keyLimits // the key's quota's (see WithQuotas)
-	argMin, argMax any
+	argMin, argMax any        // the request's ARGV: n (argMax nil) when min = max = n, else -min and max
 	min, max       int
 }
 
@@ -57,7 +58,11 @@ var (
 // internal/coalesce; see takeMany).
 func (l *Redis) takeReq(key string, lim *keyLimits, min, max int) takeReq {
 	k, p := rediskey.KeyAnd(l.prefix, key, pauseSuffix)
-	return takeReq{key: k, pause: p, lim: lim, argMin: l.arg(min), argMax: l.arg(max), min: min, max: max}
+	r := takeReq{key: k, pause: p, lim: lim, argMin: l.arg(min), min: min, max: max}
+	if min != max {
+		r.argMin, r.argMax = strconv.Itoa(-min), l.arg(max)
+	}
+	return r
 }
 
 // AllowBatch decides reqs as AllowN would, one after another in order,
@@ -107,8 +112,9 @@ func (l *Redis) takeOne(ctx context.Context, r takeReq) (taken, error) {
 	if err := l.ready(ctx); err != nil {
 		return taken{}, err
 	}
-	args := append(takeScript.Start(make([]any, 0, 13)), argKeys2, r.key, r.pause, l.now())
-	cmd := redis.NewIntSliceCmd(ctx, append(args, r.lim.argPer, r.lim.argCount, r.lim.argCap, l.held.Arg(r.key), argOne, r.argMin, r.argMax)...)
+	args := append(takeScript.Start(make([]any, 0, 13)), argKeys2, r.key, r.pause, l.now(), argOne)
+	args = append(args, r.lim.argPer, r.lim.argCount, r.lim.argCap, l.held.Arg(r.key), argOne)
+	cmd := redis.NewIntSliceCmd(ctx, r.appendArgs(args)...)
 	if err := takeScript.RunTimed(ctx, l.client, cmd, l.rt); err != nil {
 		return taken{}, fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
@@ -148,25 +154,63 @@ type bucketID struct {
 func takeKey(r takeReq) string { return r.key }
 
 // groupKey returns the key a group's script call is routed by: its
-// bucket's, the first of its KEYS (its pause shares its slot).
+// bucket's (its pause shares its slot).
 func groupKey(g []*takeCall) string { return g[0].Req.key }
 
-// command builds bucket.lua's call for groups: the bucket and pause of each
-// key, now, then each key's quota and requests (a group's requests share
-// their quota: see takeMany).
+// appendArgs appends r's ARGV to args (see argMin).
+func (r *takeReq) appendArgs(args []any) []any {
+	if r.argMax == nil {
+		return append(args, r.argMin)
+	}
+	return append(args, r.argMin, r.argMax)
+}
+
+// command builds bucket.lua's call for groups: the bucket of each key,
+// then the pause of each, now, the quotas of the groups (each once), then
+// each key's quota (when there are several), what is known of it (held)
+// and its requests (a group's requests share their quota: see takeMany).
 func (l *Redis) command(ctx context.Context, groups [][]*takeCall) *redis.IntSliceCmd {
 	n := coalesce.Len(groups)
-	args := takeScript.Start(make([]any, 0, 4+7*len(groups)+2*n))
+	args := takeScript.Start(make([]any, 0, 10+5*len(groups)+2*n))
 	args = append(args, strconv.Itoa(2*len(groups)))
 	for _, g := range groups {
-		args = append(args, g[0].Req.key, g[0].Req.pause)
+		args = append(args, g[0].Req.key)
+	}
+	for _, g := range groups {
+		args = append(args, g[0].Req.pause)
 	}
 	args = append(args, l.now())
-	for _, g := range groups {
+	// The quotas, in order of first use; usually one.
+	lims := make([]*keyLimits, 0, 1)
+	var index []int // each group's place in lims, from 1; nil with one quota
+	for i, g := range groups {
 		lim := g[0].Req.lim
-		args = append(args, lim.argPer, lim.argCount, lim.argCap, l.held.Arg(g[0].Req.key), strconv.Itoa(len(g)))
+		q := slices.Index(lims, lim)
+		if q < 0 {
+			q = len(lims)
+			lims = append(lims, lim)
+		}
+		if q > 0 && index == nil {
+			index = make([]int, len(groups))
+			for j := range i {
+				index[j] = 1
+			}
+		}
+		if index != nil {
+			index[i] = q + 1
+		}
+	}
+	args = append(args, l.arg(len(lims)))
+	for _, lim := range lims {
+		args = append(args, lim.argPer, lim.argCount, lim.argCap)
+	}
+	for i, g := range groups {
+		if index != nil {
+			args = append(args, l.arg(index[i]))
+		}
+		args = append(args, l.held.Arg(g[0].Req.key), l.arg(len(g)))
 		for _, c := range g {
-			args = append(args, c.Req.argMin, c.Req.argMax)
+			args = c.Req.appendArgs(args)
 		}
 	}
 	return redis.NewIntSliceCmd(ctx, args...)
