@@ -11,8 +11,9 @@
 // estimate of the partner's quota: the calls it accepted in the last Per,
 // every process's, since a partner that counts in windows accepted exactly
 // its quota in the window where its 429s began; less a margin (5 %, rounded
-// to the nearest call: 10 for 10, 24 for 25), never
-// below the floor, never above the limit then in force. After a hold of
+// to the nearest call: 10 for 10, 24 for 25), never below the floor, and
+// below the limit then in force (a 429 at 10 with 10 accepted gives 9: a
+// decrease always relieves). After a hold of
 // two windows without a decrease, the limit grows by 2 % of the estimate
 // per Per back to the estimate, then probes beyond it, slowly near it and
 // faster away from it (as TCP CUBIC does near its last maximum): the

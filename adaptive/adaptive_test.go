@@ -68,7 +68,8 @@ func TestOneDecreasePerEvent(t *testing.T) {
 // TestDecreaseRoundsToNearest: the margin is rounded to the nearest
 // call, so that a small quota is not cut by a whole call: 10 accepted
 // give 10 (9.5), not 9, which would run the partner at 90 %; 11 give 10
-// (10.45), 7 give 7 (6.65).
+// (10.45), 7 give 7 (6.65). A decrease goes below the limit the 429 came
+// at: 10 accepted at a limit of 10 give 9.
 func TestDecreaseRoundsToNearest(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
@@ -82,6 +83,20 @@ func TestDecreaseRoundsToNearest(t *testing.T) {
 		if got, err := l.Rejected(ctx, "p"); err != nil || got != want {
 			t.Errorf("%d accepted in the window, then a 429: limit %d, %v; want %d", accepted, got, err, want)
 		}
+	}
+	// A 429 at the limit the estimate gives again decreases all the same.
+	l, err := adaptive.NewRedis(client, throttle.Rate{Count: 100, Per: 200 * time.Millisecond}, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept(t, l, "p", 10)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 10 {
+		t.Fatalf("first event: limit %d, %v; want 10", got, err)
+	}
+	time.Sleep(250 * time.Millisecond) // a new event, within the hold: the limit is still 10
+	accept(t, l, "p", 10)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 9 {
+		t.Fatalf("a 429 at 10 with 10 accepted: limit %d, %v; want 9, below the limit it came at", got, err)
 	}
 }
 

@@ -2,9 +2,9 @@
 -- (none within a window of the last decrease) sets the key's limit to the
 -- estimate of the partner's quota: the calls it accepted in the last
 -- window (it accepted exactly its quota in the window where 429s began),
--- less the margin (rounded to the nearest call), at least the floor and never above the limit the
--- caller saw. Later 429s of the same event change nothing: one decrease
--- per event, for every process.
+-- less the margin (rounded to the nearest call), at least the floor and
+-- below the limit the caller saw. Later 429s of the same event change
+-- nothing: one decrease per event, for every process.
 -- KEYS[1]  the key's state: a hash {limit, estimate, decreased} (decreased
 --          in µs, Redis TIME).
 -- KEYS[2]  the key's accepted calls (accepted.lua).
@@ -37,7 +37,10 @@ local estimate = redis.call("ZCOUNT", KEYS[2], "(" .. string.format("%d", now - 
 -- Rounded to the nearest call (a half up): at small quotas a margin of
 -- less than a call rounded down would take a whole one (9 for 10, 10 %).
 local limit = math.floor(estimate * (1000 - tonumber(ARGV[4])) / 1000 + 0.5)
-limit = math.max(floor, math.min(limit, seen))
+-- Below the limit the 429 came at: a decrease that kept it (10 accepted
+-- at a limit of 10) would leave every later 429 of the same cause
+-- without relief.
+limit = math.max(floor, math.min(limit, seen - 1))
 redis.call("HSET", KEYS[1], "limit", limit, "estimate", estimate, "decreased", now)
 redis.call("PEXPIRE", KEYS[1], ARGV[5])
 return {limit, estimate, now, now, 1}
