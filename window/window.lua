@@ -118,13 +118,38 @@ end
 
 -- The schedules and pauses of every key, in one call.
 local got
-do
+if #KEYS == stride then
+	got = redis.call("MGET", KEYS[2], KEYS[3])
+else
 	local names = {}
 	for s = 0, #KEYS - 1, stride do
 		names[#names + 1] = KEYS[s + 2]
 		names[#names + 1] = KEYS[s + 3]
 	end
 	got = redis.call("MGET", unpack(names))
+end
+
+-- A lone AllowN of one unit on a plain key (see plain below), decided
+-- before any function or table of the batch is made: the most calls
+-- made one at a time. counted is the set's count when the unit does not
+-- fit (plain then starts from it), else nil.
+local counted
+if #KEYS == 3 and not clientClock and not got[1] and not got[2] and ARGV[7] == "1" and ARGV[8] == "1" and ARGV[10] == "-1" then
+	local key, nominal = KEYS[1], tonumber(ARGV[4])
+	redis.call("ZREMRANGEBYSCORE", key, "-inf", string.format("%d", now0 - nominal - slack))
+	local count = redis.call("ZCARD", key)
+	local limit = tonumber(ARGV[5])
+	if count + 1 <= limit and not (count == 0 and ARGV[6] ~= "0" and tonumber(ARGV[6]) > now0) then
+		redis.call("ZADD", key, string.format("%d", now0), ARGV[9])
+		local ms = string.format("%d", math.ceil((nominal + slack) / 1000))
+		if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
+			redis.call("PEXPIRE", key, ms, "GT")
+		end
+		return {limit - count, 0, nominal, now0}
+	end
+	if count ~= 0 then -- (0: maybe lost; decideKey looks)
+		counted = count
+	end
 end
 
 local out = {} -- three integers per request, key after key
@@ -152,9 +177,93 @@ local function newestAfter(key, bound, now)
 	return math.max(newestScore(key, now), now)
 end
 
+-- plainKey holds, per window argument of the call (ARGV strings are
+-- interned), {window, drop bound, expiry ms}: tonumber and string.format
+-- cost about as much as a redis.call each, and every key of a call
+-- usually shares them.
+local plainWindows, plainLimits = {}, {}
+
+-- plain decides the requests of a plain key: no schedule and no pause
+-- (KEYS[2] and KEYS[3] are missing), the server's clock and AllowN
+-- requests only (horizon -1), the most calls' whole work. It does what
+-- the fast path of decideKey does for such a key, with no closure, no
+-- table per request and no tonumber that the values of the call already
+-- gave. It returns nil when it decided every request, else the count of
+-- the set (the units out of the window dropped) when they do not all fit
+-- now, or false when it did nothing.
+local function plain(s, a)
+	local first, last = a + 4, a + 3 + 3 * (ARGV[a + 3] == "1" and 1 or tonumber(ARGV[a + 3]))
+	local total = 0
+	for i = first, last, 3 do
+		if ARGV[i + 2] ~= "-1" then
+			return false
+		end
+		if ARGV[i] == "1" then
+			total = total + 1
+		else
+			total = total + tonumber(ARGV[i])
+		end
+	end
+	local w = plainWindows[ARGV[a]]
+	if not w then
+		local nominal = tonumber(ARGV[a])
+		local window = nominal + slack
+		w = {nominal, str(now0 - window), str(math.ceil(window / 1000))}
+		plainWindows[ARGV[a]] = w
+	end
+	local limit = plainLimits[ARGV[a + 1]]
+	if not limit then
+		limit = tonumber(ARGV[a + 1])
+		plainLimits[ARGV[a + 1]] = limit
+	end
+	local key = KEYS[s + 1]
+	local count = counted
+	if not count then
+		redis.call("ZREMRANGEBYSCORE", key, "-inf", w[2])
+		count = redis.call("ZCARD", key)
+	end
+	if count == 0 and ARGV[a + 2] ~= "0" and tonumber(ARGV[a + 2]) > now0 then
+		return false -- lost? (see decideKey)
+	end
+	if count + total > limit then
+		return count
+	end
+	local o, held = #out, count
+	if first == last and total == 1 then -- one unit: no table
+		redis.call("ZADD", key, str(now0), ARGV[first + 1])
+		putReply(out, o, true, limit - count - 1, 0, w[1], false)
+	else
+		local members = {}
+		for i = first, last, 3 do
+			local n = 1
+			if ARGV[i] ~= "1" then
+				n = tonumber(ARGV[i])
+			end
+			for j = 1, n do
+				members[#members + 1] = unitName(nil, j, n, ARGV[i + 1])
+			end
+			held = held + n
+			putReply(out, o, true, limit - held, 0, w[1], false)
+			o = o + 3
+		end
+		addUnits(key, str(now0), members)
+	end
+	if not (count == 0 and redis.call("PEXPIRE", key, w[3], "NX") == 1) then
+		redis.call("PEXPIRE", key, w[3], "GT")
+	end
+	return nil
+end
+
 -- decideKey decides the requests of the key whose KEYS start after s and
 -- whose ARGV start at a; g is its place among the keys (from 1).
 local function decideKey(s, a, g)
+	local known = false -- the set's count, AllowN's view, when plain found it
+	if not clientClock and not got[2 * g - 1] and not got[2 * g] then
+		known = plain(s, a)
+		if known == nil then
+			return
+		end
+	end
 	local key = KEYS[s + 1]
 	local floorKey = clientClock and KEYS[s + 4] -- nil with the server's TIME
 	local nominal = tonumber(ARGV[a])
@@ -230,8 +339,11 @@ local function decideKey(s, a, g)
 	-- count and, with no known id, no claim. Built without closures or
 	-- tables per request: it is most calls' whole script.
 	local stored -- AllowN's count of the set (see the batch below), nil: unknown
+	if known then
+		stored, suspect = known, false -- plain counted: the requests do not all fit
+	end
 	do
-		local total, grace, ids, fast = 0, 10000000, nil, true
+		local total, grace, ids, fast = 0, 10000000, nil, not known
 		for i = first, last, 3 do
 			local h = ARGV[i + 2]
 			if h == "-2" or string.find(h, ">", 1, true) then
