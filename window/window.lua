@@ -229,9 +229,9 @@ local function plain(s, a)
 		return count
 	end
 	local o, held = #out, count
-	if first == last and total == 1 then -- one unit: no table
+	if last == first + 2 and total == 1 then -- one request of one unit: no table
 		redis.call("ZADD", key, str(now0), ARGV[first + 1])
-		putReply(out, o, true, limit - count - 1, 0, w[1], false)
+		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
 	else
 		local members = {}
 		for i = first, last, 3 do
