@@ -201,6 +201,13 @@ var headlines = []headline{
 	{"throttled ÷ PING", cThrottled, cPing, 0, "issue 5, parallel: 2.2–6.7", 0},
 }
 
+// cpuHeadlines are the ratios of Redis CPU per decision that issue 28
+// sets targets for, on many keys in parallel.
+var cpuHeadlines = []headline{
+	{"window.Redis ÷ redis_rate", cWindow, cRedisRate, 0.6, "issue 28", 0},
+	{"bucket.Redis ÷ redis_rate", cBucket, cRedisRate, 0.5, "issue 28", 0},
+}
+
 func report(env environment, cases []benchCase, res [][][]sample, acc []accuracyResult) string {
 	var w strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&w, format, a...) }
@@ -280,6 +287,33 @@ func report(env environment, cases []benchCase, res [][][]sample, acc []accuracy
 		p("\n")
 	}
 	p("\n✓ / ✗: the median meets / misses the DESIGN.md target in that case.\n\n")
+	p("Redis CPU per decision (parallel cases; the Redis CPU column below): per round, the first contender's divided by the second's in the same case; median [range].\n\n")
+	p("| ratio | target |")
+	var parallel []int // the cases with Redis CPU
+	for ci, bc := range cases {
+		if bc.parallel {
+			parallel = append(parallel, ci)
+			p(" %s |", bc.name)
+		}
+	}
+	p("\n|---|---|%s\n", strings.Repeat("---|", len(parallel)))
+	for _, h := range cpuHeadlines {
+		p("| %s | ≤ %.2f on %d keys (%s) |", h.what, h.target, manyKeys, h.note)
+		for _, ci := range parallel {
+			s := summarize(ratiosOf(res[ci], h.a, h.b, func(s sample) float64 { return s.redisCPU }))
+			mark := ""
+			if len(cases[ci].keys) > 1 {
+				if s.med <= h.target {
+					mark = " ✓"
+				} else {
+					mark = " ✗"
+				}
+			}
+			p(" %s%s |", s, mark)
+		}
+		p("\n")
+	}
+	p("\n")
 	p("The sequential ratios of contenders timed interleaved, from their separate benchmarks instead (the method of earlier runs), for comparison:\n\n")
 	var sequential []int // the cases timed interleaved
 	p("| ratio |")
