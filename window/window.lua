@@ -104,6 +104,9 @@ local out = {} -- three integers per request, key after key
 -- script call: a number argument of redis.call would be formatted anew by
 -- every call (with %.17g, several times dearer).
 local strs = {}
+if nowString then
+	strs[now0] = nowString
+end
 local function str(x)
 	local v = strs[x]
 	if not v then

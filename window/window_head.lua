@@ -9,6 +9,7 @@
 local clientClock = ARGV[1] ~= ""
 local stride = 3 -- keys per window key
 local now0, slack
+local nowString -- with the server's TIME: now0 formatted
 if clientClock then
 	stride = 4
 	now0 = tonumber(ARGV[1])
@@ -23,7 +24,12 @@ else
 	local t = redis.call("TIME")
 	now0 = t[1] * 1000000 + t[2] + 1
 	slack = 1
-	if ARGV[3] ~= "" and now0 > tonumber(ARGV[3]) then
+	-- now0 as ZADD takes it, and compared with ARGV[3] as a string (the
+	-- same digits, so the longer or, as long, the greater string is the
+	-- later instant): a tonumber costs about as much.
+	nowString = string.format("%d", now0)
+	local e = ARGV[3]
+	if e ~= "" and (#nowString > #e or #nowString == #e and nowString > e) then
 		return {-1, now0}
 	end
 end
@@ -52,7 +58,7 @@ if #KEYS == 3 and not clientClock and not got[1] and not got[2] and ARGV[7] == "
 	local count = redis.call("ZCARD", key)
 	local limit = tonumber(ARGV[5])
 	if count + 1 <= limit and not (count == 0 and ARGV[6] ~= "0" and tonumber(ARGV[6]) > now0) then
-		redis.call("ZADD", key, string.format("%d", now0), ARGV[9])
+		redis.call("ZADD", key, nowString, ARGV[9])
 		local ms = string.format("%d", math.ceil((nominal + slack) / 1000))
 		if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
 			redis.call("PEXPIRE", key, ms, "GT")
