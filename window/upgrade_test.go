@@ -14,7 +14,8 @@ import (
 // (testdata/window_f017374.lua, before plain keys had a path of their
 // own) and today's on the same keys, one call each in turn, as processes
 // of both versions would during a rolling upgrade, and checks that they
-// decide every call as today's script alone does on keys of its own:
+// decide every call as today's script alone does on keys of its own, and
+// that it decides as f017374's alone:
 // AllowN of one and two units, alone and coalesced, and AllowID with
 // reservations (the slots lie a minute ahead, so the outcomes do not
 // depend on when the calls run).
@@ -33,7 +34,9 @@ func TestRollingUpgradeF017374(t *testing.T) {
 		}
 		return l
 	}
-	old, cur, ref := limiter(mixed, redisscript.New(windowF017374Lua)), limiter(mixed, nil), limiter(alone, nil)
+	script := redisscript.New(windowF017374Lua)
+	old, cur, ref := limiter(mixed, script), limiter(mixed, nil), limiter(alone, nil)
+	oldRef := limiter(freshPrefix(), script) // f017374's alone, as ref
 	type step struct {
 		n  int
 		id string // "": AllowN
@@ -62,6 +65,9 @@ func TestRollingUpgradeF017374(t *testing.T) {
 			var got, want throttle.Decision
 			if key == "lone" {
 				got, want = decide(l, key, s), decide(ref, key, s)
+				if was := decide(oldRef, key, s); !decidesAlike(was, want) {
+					t.Errorf("%s step %d: today's script alone %+v, f017374's alone %+v", key, i, want, was)
+				}
 			} else {
 				// Two requests coalesced in one call: AllowBatch.
 				reqs := []throttle.Request{{Key: key, N: 1}, {Key: key + "-other", N: s.n}}
@@ -73,12 +79,21 @@ func TestRollingUpgradeF017374(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				was, err := oldRef.AllowBatch(ctx, reqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j := range w {
+					if !decidesAlike(was[j], w[j]) {
+						t.Errorf("%s step %d, request %d: today's script alone %+v, f017374's alone %+v", key, i, j, w[j], was[j])
+					}
+				}
 				if g[0].Allowed != w[0].Allowed || g[0].Remaining != w[0].Remaining {
 					t.Errorf("%s step %d, first request: got allowed %v remaining %d, want %v %d", key, i, g[0].Allowed, g[0].Remaining, w[0].Allowed, w[0].Remaining)
 				}
 				got, want = g[1], w[1]
 			}
-			if got.Allowed != want.Allowed || got.Remaining != want.Remaining || got.Reserved != want.Reserved || got.AlreadyAdmitted != want.AlreadyAdmitted {
+			if !decidesAlike(got, want) {
 				t.Errorf("%s step %d (n=%d id=%q, %s): got %+v, want %+v", key, i, s.n, s.id, scriptName(l == old), got, want)
 			}
 			if !got.Allowed {
@@ -95,6 +110,14 @@ func TestRollingUpgradeF017374(t *testing.T) {
 	if rejected == 0 || reserved == 0 {
 		t.Errorf("%d rejections and %d reservations: the steps should make both", rejected, reserved)
 	}
+}
+
+// decidesAlike reports whether a and b decide alike: the same outcome,
+// and retry-afters within a second (the calls run milliseconds apart,
+// the slots lie a minute ahead).
+func decidesAlike(a, b throttle.Decision) bool {
+	return a.Allowed == b.Allowed && a.Remaining == b.Remaining && a.Reserved == b.Reserved && a.AlreadyAdmitted == b.AlreadyAdmitted &&
+		(a.RetryAfter-b.RetryAfter).Abs() <= time.Second
 }
 
 func scriptName(old bool) string {
