@@ -29,6 +29,12 @@ import (
 //go:embed window.lua
 var windowLua string
 
+// windowHeadLua is the start of window.lua's script, before the preludes:
+// a lone AllowN decides there, before any function is made.
+//
+//go:embed window_head.lua
+var windowHeadLua string
+
 // unitsLua is the prelude of window.lua and joint.lua: unit members, their
 // ZADDs, the newest score and exclusive score bounds.
 //
@@ -36,7 +42,7 @@ var windowLua string
 var unitsLua string
 
 // windowScript is run with EVALSHA, and reloaded with EVAL on NOSCRIPT.
-var windowScript = redisscript.New(redisscript.GroupedLua + unitsLua + windowLua)
+var windowScript = redisscript.New(windowHeadLua + redisscript.GroupedLua + unitsLua + windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in

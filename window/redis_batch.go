@@ -67,7 +67,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 		return throttle.Decision{}, err
 	}
 	buf := argsPool.Get().(*[]any)
-	args := windowScript.Start((*buf)[:0])
+	args := l.calls.Script.Start((*buf)[:0])
 	args = l.keys(append(args, argNumKeys[l.keysPerWindow()]), r)
 	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, l.held.Arg(r.key), argOne, r.argN, r.member, r.horizon)
 	defer func() { // the command is done with its arguments
@@ -76,7 +76,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 		argsPool.Put(buf)
 	}()
 	cmd := redis.NewIntSliceCmd(ctx, args...)
-	if err := windowScript.RunTimed(ctx, l.client, cmd, l.rt); err != nil {
+	if err := l.calls.Script.RunTimed(ctx, l.client, cmd, l.rt); err != nil {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}
 	var d [1]throttle.Decision
@@ -149,7 +149,7 @@ func groupKey(g []*call) string { return g[0].Req.key }
 func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCmd {
 	n := coalesce.Len(groups)
 	per := l.keysPerWindow()
-	args := windowScript.Start(make([]any, 0, 6+(per+4)*len(groups)+3*n))
+	args := l.calls.Script.Start(make([]any, 0, 6+(per+4)*len(groups)+3*n))
 	args = append(args, strconv.Itoa(per*len(groups)))
 	for _, g := range groups {
 		args = l.keys(args, g[0].Req)

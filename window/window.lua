@@ -93,39 +93,10 @@
 -- by one ZADD before any other request reads the set (pending below), and
 -- an AllowN rejection that nothing written since could change is answered
 -- as the one before it (a rejection of AllowN writes nothing).
-
-local clientClock = ARGV[1] ~= ""
-local stride = 3 -- keys per window key
-local now0, slack
-if clientClock then
-	stride = 4
-	now0 = tonumber(ARGV[1])
-	slack = 0
-	if ARGV[2] == "1" then
-		slack = 1 -- the reading lay between two µs (see instant)
-	end
-else
-	-- TIME truncates to the µs: the real instant lies in [t, t+1µs), so
-	-- record admissions at t+1 and let units leave a µs later (see
-	-- instant in algorithm.go).
-	local t = redis.call("TIME")
-	now0 = t[1] * 1000000 + t[2] + 1
-	slack = 1
-	if ARGV[3] ~= "" and now0 > tonumber(ARGV[3]) then
-		return {-1, now0}
-	end
-end
-
--- The schedules and pauses of every key, in one call.
-local got
-do
-	local names = {}
-	for s = 0, #KEYS - 1, stride do
-		names[#names + 1] = KEYS[s + 2]
-		names[#names + 1] = KEYS[s + 3]
-	end
-	got = redis.call("MGET", unpack(names))
-end
+--
+-- The script starts with window_head.lua (the instant, the schedules and
+-- pauses of the keys, and a lone AllowN decided at once), then the
+-- preludes, then this file.
 
 local out = {} -- three integers per request, key after key
 
@@ -133,6 +104,9 @@ local out = {} -- three integers per request, key after key
 -- script call: a number argument of redis.call would be formatted anew by
 -- every call (with %.17g, several times dearer).
 local strs = {}
+if nowString then
+	strs[now0] = nowString
+end
 local function str(x)
 	local v = strs[x]
 	if not v then
@@ -152,9 +126,93 @@ local function newestAfter(key, bound, now)
 	return math.max(newestScore(key, now), now)
 end
 
+-- plainKey holds, per window argument of the call (ARGV strings are
+-- interned), {window, drop bound, expiry ms}: tonumber and string.format
+-- cost about as much as a redis.call each, and every key of a call
+-- usually shares them.
+local plainWindows, plainLimits = {}, {}
+
+-- plain decides the requests of a plain key: no schedule and no pause
+-- (KEYS[2] and KEYS[3] are missing), the server's clock and AllowN
+-- requests only (horizon -1), the most calls' whole work. It does what
+-- the fast path of decideKey does for such a key, with no closure, no
+-- table per request and no tonumber that the values of the call already
+-- gave. It returns nil when it decided every request, else the count of
+-- the set (the units out of the window dropped) when they do not all fit
+-- now, or false when it did nothing.
+local function plain(s, a)
+	local first, last = a + 4, a + 3 + 3 * (ARGV[a + 3] == "1" and 1 or tonumber(ARGV[a + 3]))
+	local total = 0
+	for i = first, last, 3 do
+		if ARGV[i + 2] ~= "-1" then
+			return false
+		end
+		if ARGV[i] == "1" then
+			total = total + 1
+		else
+			total = total + tonumber(ARGV[i])
+		end
+	end
+	local w = plainWindows[ARGV[a]]
+	if not w then
+		local nominal = tonumber(ARGV[a])
+		local window = nominal + slack
+		w = {nominal, str(now0 - window), str(math.ceil(window / 1000))}
+		plainWindows[ARGV[a]] = w
+	end
+	local limit = plainLimits[ARGV[a + 1]]
+	if not limit then
+		limit = tonumber(ARGV[a + 1])
+		plainLimits[ARGV[a + 1]] = limit
+	end
+	local key = KEYS[s + 1]
+	local count = counted
+	if not count then
+		redis.call("ZREMRANGEBYSCORE", key, "-inf", w[2])
+		count = redis.call("ZCARD", key)
+	end
+	if count == 0 and ARGV[a + 2] ~= "0" and tonumber(ARGV[a + 2]) > now0 then
+		return false -- lost? (see decideKey)
+	end
+	if count + total > limit then
+		return count
+	end
+	local o, held = #out, count
+	if last == first + 2 and total == 1 then -- one request of one unit: no table
+		redis.call("ZADD", key, str(now0), ARGV[first + 1])
+		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
+	else
+		local members = {}
+		for i = first, last, 3 do
+			local n = 1
+			if ARGV[i] ~= "1" then
+				n = tonumber(ARGV[i])
+			end
+			for j = 1, n do
+				members[#members + 1] = unitName(nil, j, n, ARGV[i + 1])
+			end
+			held = held + n
+			putReply(out, o, true, limit - held, 0, w[1], false)
+			o = o + 3
+		end
+		addUnits(key, str(now0), members)
+	end
+	if not (count == 0 and redis.call("PEXPIRE", key, w[3], "NX") == 1) then
+		redis.call("PEXPIRE", key, w[3], "GT")
+	end
+	return nil
+end
+
 -- decideKey decides the requests of the key whose KEYS start after s and
 -- whose ARGV start at a; g is its place among the keys (from 1).
 local function decideKey(s, a, g)
+	local known = false -- the set's count, AllowN's view, when plain found it
+	if not clientClock and not got[2 * g - 1] and not got[2 * g] then
+		known = plain(s, a)
+		if known == nil then
+			return
+		end
+	end
 	local key = KEYS[s + 1]
 	local floorKey = clientClock and KEYS[s + 4] -- nil with the server's TIME
 	local nominal = tonumber(ARGV[a])
@@ -230,8 +288,11 @@ local function decideKey(s, a, g)
 	-- count and, with no known id, no claim. Built without closures or
 	-- tables per request: it is most calls' whole script.
 	local stored -- AllowN's count of the set (see the batch below), nil: unknown
+	if known then
+		stored, suspect = known, false -- plain counted: the requests do not all fit
+	end
 	do
-		local total, grace, ids, fast = 0, 10000000, nil, true
+		local total, grace, ids, fast = 0, 10000000, nil, not known
 		for i = first, last, 3 do
 			local h = ARGV[i + 2]
 			if h == "-2" or string.find(h, ">", 1, true) then
