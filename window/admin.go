@@ -106,8 +106,10 @@ var replanScript = redis.NewScript(replanLua)
 // Replan plans key's reservations ahead again at its limit now, and
 // returns how many units moved: when the key's limit has gone down (a
 // quota lowered, an adaptive partner limit after a 429), slots planned at
-// the old pace would keep the schedule overbooked, and in bunches. In slot
-// order, each reservation moves to the earliest instant, no earlier than
+// the old pace would keep the schedule overbooked, and in bunches. When
+// every reservation still fits at its slot (the limit went up, or not
+// far enough down), nothing moves. Else, in slot order (reservations of
+// one slot in the order of their ids), each reservation moves to the earliest instant, no earlier than
 // its slot, at which the window ending there (with what was admitted and
 // the reservations placed before it) has room for it under the limit now,
 // and no earlier than the one placed before it plus that one's share of

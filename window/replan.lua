@@ -1,5 +1,6 @@
 -- replan.lua: plan one key's reservations ahead again at its limit now
--- (which has gone down since they were planned), in slot order: each
+-- when it has gone down since they were planned (some no longer fit at
+-- their slots; else nothing moves), in slot order: each
 -- moves to the earliest instant, no earlier than its slot, at which the
 -- window ending there, with the admissions and the reservations placed
 -- before it, has room for it, and no earlier than the one placed before
@@ -19,6 +20,9 @@
 -- ARGV[1]  now, µs, from the client's clock; "" for the server's TIME.
 -- ARGV[2]  the window, µs (its nominal length).
 -- ARGV[3]  the limit now (integer >= 1).
+--
+-- Reservations of one slot go in the order of their ids (the set orders
+-- equal scores by member).
 --
 -- Returns the number of reserved units moved or gone (a reservation moves
 -- whole).
@@ -52,47 +56,72 @@ for i = 1, #raw, 2 do
 		entries[#entries + 1] = { at = at, n = 1 }
 	end
 end
+-- place returns the slot of each entry once the reservations are placed
+-- in order (false: a reservation of more units than the limit, which
+-- never fits), and the units whose slot changed: each at the earliest
+-- instant, no earlier than its slot, at which the window ending there,
+-- with the entries placed before it, has room; with spread, also no
+-- earlier than the reservation placed before it plus its share.
 local pace = window / limit -- µs of the window per unit at the new limit
-local kept, first, sum = {}, 1, 0 -- the entries placed; kept[first..] within the window, sum units
-local nextAt = 0 -- no reservation before it: the last placed plus its share
-local moved, members, newest = 0, {}, 0
-local drop = {} -- the units of reservations above the limit now: they never fit
-for _, e in ipairs(entries) do
-	if e.members and e.n > limit then
-		for _, m in ipairs(e.members) do
-			drop[#drop + 1] = m
-		end
-		moved = moved + e.n
-	else
-		local at = e.at
-		if e.members then
-			at = math.max(at, nextAt)
-		end
-		while true do
-			while first <= #kept and kept[first].at <= at - window do
-				sum = sum - kept[first].n
-				first = first + 1
-			end
-			if not e.members or sum + e.n <= limit then
-				break
-			end
-			at = kept[first].at + window -- the oldest in the window leaves
-		end
-		if at ~= e.at then
+local function place(spread)
+	local slots, moved, first, sum = {}, 0, 1, 0 -- entries[first..i-1] placed within the window: sum units
+	local nextAt = 0 -- no reservation before it, with spread
+	for i, e in ipairs(entries) do
+		if e.members and e.n > limit then
+			slots[i] = false
 			moved = moved + e.n
-			local score = string.format("%d", at)
-			for _, m in ipairs(e.members) do
-				members[#members + 1] = score
-				members[#members + 1] = m
+		else
+			local at = e.at
+			if e.members and spread then
+				at = math.max(at, nextAt)
+			end
+			while true do
+				while first < i and (not slots[first] or slots[first] <= at - window) do
+					if slots[first] then
+						sum = sum - entries[first].n
+					end
+					first = first + 1
+				end
+				if not e.members or sum + e.n <= limit then
+					break
+				end
+				at = slots[first] + window -- the oldest in the window leaves
+			end
+			if at ~= e.at then
+				moved = moved + e.n
+			end
+			slots[i] = at
+			sum = sum + e.n
+			if e.members then
+				nextAt = math.max(nextAt, math.floor(at + e.n * pace))
 			end
 		end
-		if e.members then
-			newest = at
+	end
+	return slots, moved
+end
+
+local _, overbooked = place(false)
+if overbooked == 0 then
+	return 0 -- every reservation still fits at its slot
+end
+local slots, moved = place(true)
+local members, drop, newest = {}, {}, 0
+for i, e in ipairs(entries) do
+	if e.members then
+		if not slots[i] then
+			for _, m in ipairs(e.members) do
+				drop[#drop + 1] = m
+			end
+		else
+			newest = slots[i]
+			if slots[i] ~= e.at then
+				local score = string.format("%d", slots[i])
+				for _, m in ipairs(e.members) do
+					members[#members + 1] = score
+					members[#members + 1] = m
+				end
+			end
 		end
-		e.at = at
-		kept[#kept + 1] = e
-		sum = sum + e.n
-		nextAt = math.max(nextAt, math.floor(at + e.n * pace))
 	end
 end
 for i = 1, #drop, 500 do
@@ -101,13 +130,11 @@ end
 for i = 1, #members, 1000 do
 	redis.call("ZADD", KEYS[1], "XX", unpack(members, i, math.min(i + 999, #members)))
 end
-if moved > 0 then
-	-- Units left instants ahead: the hint no longer holds. The schedule
-	-- bounds every reserved unit, and lives as window.lua keeps it: until
-	-- the newest has passed by lateGrace (10 s) and a window.
-	local bound = math.max(newest, tonumber(string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")) or 0)
-	local ms = math.ceil((bound + 10000000 - now + window) / 1000)
-	redis.call("SET", KEYS[2], string.format("%d 0 0 0 0", bound), "PX", ms)
-	redis.call("PEXPIRE", KEYS[1], ms, "GT")
-end
+-- Units left instants ahead: the hint no longer holds. The schedule
+-- bounds every reserved unit, and lives as window.lua keeps it: until the
+-- newest has passed by lateGrace (10 s) and a window.
+local bound = math.max(newest, tonumber(string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")) or 0)
+local ms = math.ceil((bound + 10000000 - now + window) / 1000)
+redis.call("SET", KEYS[2], string.format("%d 0 0 0 0", bound), "PX", ms)
+redis.call("PEXPIRE", KEYS[1], ms, "GT")
 return moved

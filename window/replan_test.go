@@ -82,6 +82,53 @@ func TestReplanSpreads(t *testing.T) {
 	})
 }
 
+// TestReplanFits: a Replan at a limit every reservation still fits
+// (raised, or the same) moves nothing; reservations of one slot move in
+// the order of their ids in Memory as in Redis; admissions of one instant
+// (one entry of two units in Memory, two members in Redis) do not push the
+// reservations after them.
+func TestReplanFits(t *testing.T) {
+	testReplan(t, func(t *testing.T, l replanner, limit *atomic.Int64, want func(id string, n int, allowed bool, retry time.Duration)) {
+		ctx := context.Background()
+		for _, id := range []string{"a", "b", "c", "d"} {
+			want(id, 1, true, 0)
+		}
+		for _, id := range []string{"zz", "aa", "mm"} {
+			want(id, 1, false, time.Second)
+		}
+		for _, n := range []int64{8, 4} {
+			limit.Store(n)
+			if moved, err := l.Replan(ctx, "k"); err != nil || moved != 0 {
+				t.Fatalf("Replan at %d: %d, %v; want nothing moved (every reservation fits)", n, moved, err)
+			}
+		}
+		want("zz", 1, false, time.Second)
+		limit.Store(2)
+		if moved, err := l.Replan(ctx, "k"); err != nil || moved != 2 {
+			t.Fatalf("Replan at 2: %d, %v; want 2 moved", moved, err)
+		}
+		want("aa", 1, false, time.Second) // ids in order: aa, mm, zz
+		want("mm", 1, false, 1500*time.Millisecond)
+		want("zz", 1, false, 2*time.Second)
+	})
+	testReplan(t, func(t *testing.T, l replanner, limit *atomic.Int64, want func(id string, n int, allowed bool, retry time.Duration)) {
+		ctx := context.Background()
+		for range 4 {
+			if d, err := l.AllowN(ctx, "k", 1); err != nil || !d.Allowed {
+				t.Fatalf("AllowN: %+v, %v", d, err)
+			}
+		}
+		want("r", 2, false, time.Second)
+		want("s", 1, false, time.Second)
+		limit.Store(2)
+		if moved, err := l.Replan(ctx, "k"); err != nil || moved != 1 {
+			t.Fatalf("Replan at 2: %d, %v; want s moved", moved, err)
+		}
+		want("r", 2, false, time.Second)
+		want("s", 1, false, 2*time.Second) // after r's two units' share, a second
+	})
+}
+
 // testReplan runs body on Memory and on Redis, on a fake clock at T0,
 // with a limit per second that body sets (4 at the start) and want, which
 // checks an AllowID of key "k" with a minute's horizon.

@@ -190,49 +190,94 @@ func (l *windowLog) remove(i int) {
 }
 
 // replan plans the reservations ahead of now again at limit, as
-// replan.lua does (see Redis.Replan), and returns the units moved or gone.
+// replan.lua does (see Redis.Replan), and returns the units moved or gone:
+// none when every reservation still fits at its slot.
 func (l *windowLog) replan(now, window int64, limit int) int {
-	pace := float64(window) / float64(limit) // µs of the window per unit
-	var nextAt int64                         // no reservation before it
-	moved, first, sum := 0, l.head, 0        // es[first:i] placed within the window: sum units
-	for i := l.head; i < len(l.es); i++ {
-		e := &l.es[i]
+	// Reservations of one slot in the order of their ids, as the Redis set
+	// orders equal scores by member.
+	for i := l.head; i < len(l.es); {
+		j := i + 1
+		for j < len(l.es) && l.es[j].at == l.es[i].at {
+			j++
+		}
+		if l.es[i].at > now {
+			sort.SliceStable(l.es[i:j], func(a, b int) bool {
+				x, y := l.es[i+a], l.es[i+b]
+				return x.reserved && y.reserved && x.id < y.id
+			})
+		}
+		i = j
+	}
+	if _, moved := l.place(now, window, limit, false); moved == 0 {
+		return 0
+	}
+	slots, moved := l.place(now, window, limit, true)
+	for i := len(l.es) - 1; i >= l.head; i-- {
+		switch at := slots[i-l.head]; {
+		case at < 0:
+			l.remove(i)
+		case at != l.es[i].at:
+			e := &l.es[i]
+			e.at = at
+			if e.named {
+				l.ids[e.id] = at
+			}
+		}
+	}
+	return moved
+}
+
+// place returns the slot of each live entry once the reservations ahead
+// of now are placed at limit in order (-1: a reservation of more units
+// than limit, which never fits), and the units whose slot changed. Each
+// goes to the earliest instant, no earlier than its slot, at which the
+// window ending there, with the entries placed before it, has room; with
+// spread, also no earlier than the reservation placed before it plus its
+// share of the window (window / limit per unit).
+func (l *windowLog) place(now, window int64, limit int, spread bool) ([]int64, int) {
+	live := l.live()
+	slots := make([]int64, len(live))
+	pace := float64(window) / float64(limit)
+	var nextAt int64             // no reservation before it, with spread
+	moved, first, sum := 0, 0, 0 // live[first:i] placed within the window: sum units
+	for i, e := range live {
+		slots[i] = e.at
 		if e.at <= now-window {
 			first = i + 1
 			continue
 		}
 		ahead := e.reserved && e.at > now
 		if ahead && e.n > limit {
+			slots[i] = -1
 			moved += e.n
-			l.remove(i)
-			i--
 			continue
 		}
 		at := e.at
-		if ahead {
+		if ahead && spread {
 			at = max(at, nextAt)
 		}
 		for {
-			for first < i && l.es[first].at <= at-window {
-				sum -= l.es[first].n
+			for first < i && (slots[first] < 0 || slots[first] <= at-window) {
+				if slots[first] >= 0 {
+					sum -= live[first].n
+				}
 				first++
 			}
 			if !ahead || sum+e.n <= limit {
 				break
 			}
-			at = l.es[first].at + window // the oldest in the window leaves
+			at = slots[first] + window // the oldest in the window leaves
 		}
 		if at != e.at {
 			moved += e.n
-			e.at = at
-			if e.named {
-				l.ids[e.id] = at
-			}
 		}
+		slots[i] = at
 		sum += e.n
-		nextAt = max(nextAt, int64(float64(at)+float64(e.n)*pace))
+		if ahead {
+			nextAt = max(nextAt, int64(float64(at)+float64(e.n)*pace))
+		}
 	}
-	return moved
+	return slots, moved
 }
 
 // ahead returns what a claim of the reservation at slot is judged on: the
