@@ -262,19 +262,25 @@ func average(avg, d time.Duration) time.Duration {
 // subject filter). Every process that calls ConsumeByKey with the same cfg
 // shares these consumers, so each message is delivered to one of them.
 //
-// A key has few messages in process that have not started: 2, and with a
-// slow store as many more as the key admits during two decision round
-// trips, at most 16. Each is decided by the Gate as it is pulled, waits
-// for its handler in the Handler's fair shares (WithConcurrency(n)
-// handlers, WithWeights), then takes its in-flight slot (WithInFlight) and
-// runs; the key's next message is pulled when one of them starts. A
-// message its limits refuse is not NAKed: it waits in process with
-// InProgress heartbeats (a third of AckWait apart) until its retry-after
-// (or, refused an in-flight slot, until a handler of its key ends here),
-// and its key's other messages wait in the stream meanwhile.
-// So a flood of one key costs its messages nothing but their wait, and
-// other keys' messages are pulled and started as they come (see Fair
-// shares in the package documentation).
+// A key has few messages in process that have not started and hold no
+// reservation: 2, and with a slow store as many more as the key admits
+// during two decision round trips, at most 16. Each is decided by the
+// Gate as it is pulled, in the order pulled, waits for its handler in the
+// Handler's fair shares (WithConcurrency(n) handlers, WithWeights), then
+// takes its in-flight slot (WithInFlight) and runs; the key's next message
+// is pulled when one of them starts. A message its limits refuse is not
+// NAKed: it waits in process with InProgress heartbeats (a third of
+// AckWait apart) until its retry-after (or, refused an in-flight slot,
+// until a handler of its key ends here). One refused with a reservation
+// of its own (throttle.WithReservations) no longer counts among the 2:
+// the key's next message is pulled and decided at once, so that a key's
+// backlog is scheduled as if decided on arrival, a small message taking
+// the gap before a larger one's slot (the exact schedule); at most 64 of
+// a key wait for their reserved slots at once, within the Gate's horizon,
+// and its key's other messages wait in the stream meanwhile. So a flood
+// of one key costs its messages nothing but their wait, and other keys'
+// messages are pulled and started as they come (see Fair shares in the
+// package documentation).
 //
 // The Handler must be built with WithConcurrency, WithFair on (the
 // default) and WithConsumerConfig(cfg), so that it knows the consumers'

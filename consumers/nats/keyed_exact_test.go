@@ -119,3 +119,54 @@ func TestConsumeByKeyExactSchedule(t *testing.T) {
 		}
 	}
 }
+
+// TestConsumeByKeyFloodBounded: a flood of one key is never pulled into
+// process without bound, within its rate (admitted at once, waiting for
+// 4 handlers of 5 ms) or beyond it (each reserving its own slot, up to a
+// horizon that would hold them all): at every instant the messages
+// pulled and not started stay within the key's messages ahead and those
+// reserved (maxKeyAhead + maxKeyReserved). Nothing is NAKed.
+func TestConsumeByKeyFloodBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rate throttle.Rate
+		work time.Duration
+	}{
+		{"within its rate", throttle.PerSecond(100_000), 5 * time.Millisecond},
+		{"beyond its rate", throttle.Rate{Count: 50, Per: 100 * time.Millisecond}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			const total = 600
+			lim, err := window.NewMemory(tc.rate)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := throttle.NewGate(lim, throttle.WithReservations(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newStarts(tc.work)
+			naked := e.watch(t, nakAdvisory)
+			h := newHandler(t, s.handle, g, WithConcurrency(4), WithConsumerConfig(keyedCfg))
+			for i := range total {
+				e.publish(t, "jobs.flood", fmt.Sprint(i), nil)
+			}
+			kc := consumeByKey(t, e, h)
+			most := int64(0)
+			for end := time.Now().Add(600 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+				most = max(most, kc.Pulled()-int64(s.handled()))
+			}
+			if bound := int64(maxKeyAhead + maxKeyReserved); most > bound {
+				t.Errorf("up to %d messages pulled and not started, want at most %d", most, bound)
+			}
+			if s.handled() == 0 {
+				t.Error("nothing handled")
+			}
+			if n := len(naked.all()); n != 0 {
+				t.Errorf("%d NAKs, want 0", n)
+			}
+			t.Logf("at most %d pulled and not started; %d handled", most, s.handled())
+		})
+	}
+}
