@@ -69,13 +69,15 @@ type keyPuller struct {
 	key string
 	cfg jetstream.ConsumerConfig
 
-	mu       sync.Mutex
-	ahead    int           // pulled messages that have not started and hold no reservation
-	reserved int           // pulled messages that wait for their reserved slot
-	freed    chan struct{} // signalled when ahead or reserved drops
-	rtt      time.Duration // moving average of the key's rate decisions
-	gap      time.Duration // moving average between the key's admissions
-	lastRun  time.Time     // of the key's last admission
+	mu        sync.Mutex
+	ahead     int           // pulled messages that have not started and hold no reservation
+	reserved  int           // pulled messages that wait for their reserved slot
+	freed     chan struct{} // signalled when ahead or reserved drops
+	firstCost int           // the cost of the key's first message decided (0: none yet)
+	mixed     bool          // a message of the key cost other than firstCost
+	rtt       time.Duration // moving average of the key's rate decisions
+	gap       time.Duration // moving average between the key's admissions
+	lastRun   time.Time     // of the key's last admission
 
 	last *decisionTurn // of the message pulled last; only the pull loop touches it
 }
@@ -115,7 +117,11 @@ func (p *keyPuller) limit() int {
 func (p *keyPuller) pullAhead(ctx context.Context) bool {
 	for {
 		p.mu.Lock()
-		if p.ahead < p.limit() && p.reserved < maxKeyReserved {
+		held := p.ahead
+		if !p.mixed {
+			held += p.reserved
+		}
+		if held < p.limit() && p.reserved < maxKeyReserved {
 			p.ahead++
 			p.mu.Unlock()
 			return true
@@ -129,6 +135,24 @@ func (p *keyPuller) pullAhead(ctx context.Context) bool {
 	}
 }
 
+// noteCost notes cost, of one of p's messages: once p's messages have
+// had more than one cost, those holding a reservation no longer count
+// among the messages ahead (see pullAhead). Only then may a reserved slot
+// leave a gap before it that a later message can take: a key whose
+// messages all cost the same is scheduled without gaps in the order
+// decided, and holding more of its reservations here gains nothing.
+func (p *keyPuller) noteCost(cost int) {
+	p.mu.Lock()
+	switch {
+	case p.firstCost == 0:
+		p.firstCost = cost
+	case cost != p.firstCost && !p.mixed:
+		p.mixed = true
+		defer p.wake()
+	}
+	p.mu.Unlock()
+}
+
 // move adds da to p's messages ahead and dr to those reserved, and wakes
 // the pull loop if either dropped.
 func (p *keyPuller) move(da, dr int) {
@@ -137,10 +161,15 @@ func (p *keyPuller) move(da, dr int) {
 	p.reserved += dr
 	p.mu.Unlock()
 	if da < 0 || dr < 0 {
-		select {
-		case p.freed <- struct{}{}:
-		default:
-		}
+		p.wake()
+	}
+}
+
+// wake wakes p's pull loop to look at its counts again.
+func (p *keyPuller) wake() {
+	select {
+	case p.freed <- struct{}{}:
+	default:
 	}
 }
 
@@ -579,6 +608,7 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg, prev, mine *decis
 	r := &request{msg: msg, key: tkey, cost: cost, arrived: time.Now(), keyed: true}
 	r.id, r.waitKey, r.delivery = requestID(msg)
 	beat := time.NewTicker(h.heartbeat)
+	p.noteCost(cost)
 	prev.wait(kc.ctx)
 	for {
 		asked := time.Now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"testing"
@@ -103,6 +104,20 @@ func TestConsumeByKeyExactSchedule(t *testing.T) {
 	if len(late) > 0 {
 		t.Errorf("%d of %d messages started late for the exact schedule: %v", len(late), len(mixedCosts), late)
 	}
+	{
+		var gs, es []time.Duration
+		for i, seq := range seqs {
+			gs = append(gs, s.startedAt(seq).Sub(t0))
+			es = append(es, exact[i])
+		}
+		slices.Sort(gs)
+		slices.Sort(es)
+		for i := range gs {
+			if gs[i] > es[i]+es[i]/20+20*time.Millisecond {
+				t.Errorf("sorted start %d at %v, exact %v", i, gs[i], es[i])
+			}
+		}
+	}
 	t.Logf("last start %v, exact %v (%.3f)", last.Round(time.Millisecond), lastExact, float64(last)/float64(lastExact))
 	if most := lim.mostUnits(r.Per); most > r.Count {
 		t.Errorf("%d units admitted in one %v window, want <= %d", most, r.Per, r.Count)
@@ -120,12 +135,13 @@ func TestConsumeByKeyExactSchedule(t *testing.T) {
 	}
 }
 
-// TestConsumeByKeyFloodBounded: a flood of one key is never pulled into
-// process without bound, within its rate (admitted at once, waiting for
-// 4 handlers of 5 ms) or beyond it (each reserving its own slot, up to a
-// horizon that would hold them all): at every instant the messages
-// pulled and not started stay within the key's messages ahead and those
-// reserved (maxKeyAhead + maxKeyReserved). Nothing is NAKed.
+// TestConsumeByKeyFloodBounded: a flood of one key of mixed costs is
+// never pulled into process without bound, within its rate (admitted at
+// once, waiting for 4 handlers of 5 ms) or beyond it (each reserving its
+// own slot, up to a horizon that would hold them all): at every instant
+// the messages pulled and not started stay within the key's messages
+// ahead and those reserved (maxKeyAhead + maxKeyReserved). Nothing is
+// NAKed.
 func TestConsumeByKeyFloodBounded(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -148,7 +164,13 @@ func TestConsumeByKeyFloodBounded(t *testing.T) {
 			}
 			s := newStarts(tc.work)
 			naked := e.watch(t, nakAdvisory)
-			h := newHandler(t, s.handle, g, WithConcurrency(4), WithConsumerConfig(keyedCfg))
+			// Costs 1 and 2: a key of mixed costs, whose reservations do
+			// not count among its messages ahead.
+			cost := func(m jetstream.Msg) (int, error) {
+				i, err := strconv.Atoi(string(m.Data()))
+				return 1 + i%2, err
+			}
+			h := newHandler(t, s.handle, g, WithConcurrency(4), WithConsumerConfig(keyedCfg), WithCostFunc(cost))
 			for i := range total {
 				e.publish(t, "jobs.flood", fmt.Sprint(i), nil)
 			}
