@@ -90,13 +90,17 @@ type keyPuller struct {
 // reserved slot), up to maxKeyAhead: otherwise a key could never start
 // faster than one message per decision round trip.
 //
-// A message that holds a reservation is not counted among them: it has
-// its slot, and the key's next message is pulled and decided at once, so
-// that a small message takes a gap before a larger one's slot as it would
-// had the whole backlog been decided on arrival (the exact schedule). At
-// most maxKeyReserved wait for their slots at once; the Gate's horizon
-// bounds how far ahead they lie (a message refused beyond it holds no
-// reservation and counts among those ahead).
+// Once a key has had messages of more than one cost, a message that
+// holds a reservation is not counted among them: it has its slot, and the
+// key's next message is pulled and decided at once, so that a small
+// message takes a gap before a larger one's slot as it would had the
+// whole backlog been decided on arrival (the exact schedule). At most
+// maxKeyReserved wait for their slots at once; the Gate's horizon bounds
+// how far ahead they lie (a message refused beyond it holds no
+// reservation and counts among those ahead). A key of equal costs keeps
+// counting them: its schedule has no gaps, and reservations held far
+// ahead would only crowd a limit it shares with other keys (a partner's,
+// under throttle.All), where a pause or a lowered limit moves them.
 const (
 	keyAhead       = 2
 	maxKeyAhead    = 16
@@ -135,13 +139,15 @@ func (p *keyPuller) pullAhead(ctx context.Context) bool {
 	}
 }
 
-// noteCost notes cost, of one of p's messages: once p's messages have
-// had more than one cost, those holding a reservation no longer count
-// among the messages ahead (see pullAhead). Only then may a reserved slot
-// leave a gap before it that a later message can take: a key whose
-// messages all cost the same is scheduled without gaps in the order
-// decided, and holding more of its reservations here gains nothing.
-func (p *keyPuller) noteCost(cost int) {
+// noteCost notes cost, of one of p's messages, and reports whether p's
+// messages have had more than one cost so far. From then on, those
+// holding a reservation no longer count among the messages ahead (see
+// pullAhead), and the key's first decisions go in the order pulled (see
+// decisionTurn). Only then may a reserved slot leave a gap before it
+// that a later message can take: a key whose messages all cost the same
+// is scheduled without gaps, whatever the order of its decisions, and
+// holding more of its reservations here gains nothing.
+func (p *keyPuller) noteCost(cost int) bool {
 	p.mu.Lock()
 	switch {
 	case p.firstCost == 0:
@@ -150,7 +156,9 @@ func (p *keyPuller) noteCost(cost int) {
 		p.mixed = true
 		defer p.wake()
 	}
+	mixed := p.mixed
 	p.mu.Unlock()
+	return mixed
 }
 
 // move adds da to p's messages ahead and dr to those reserved, and wakes
@@ -567,10 +575,14 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 			if kc.wrap != nil {
 				msg = kc.wrap(msg)
 			}
-			prev, mine := p.last, newDecisionTurn()
-			p.last = mine
+			// The cost is noted here, in the order pulled, so that every
+			// message after the first of another cost waits its turn.
+			a := arrival{msg: msg, prev: p.last, turn: newDecisionTurn()}
+			a.key, a.cost, a.err = kc.h.request(msg)
+			a.mixed = a.err == nil && p.noteCost(a.cost)
+			p.last = a.turn
 			kc.wg.Add(1)
-			go kc.take(p, msg, prev, mine)
+			go kc.take(p, a)
 		},
 		empty: func() {
 			kc.h.sched.SetBacklog(p.key, 0)
@@ -581,16 +593,30 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 	pl.run(kc.ctx)
 }
 
+// arrival is a message as pulled: its key and cost (or the error that
+// names neither), whether its key had mixed costs by then (see noteCost),
+// and its turn among the key's first decisions after prev's.
+type arrival struct {
+	msg        jetstream.Msg
+	key        string
+	cost       int
+	err        error
+	mixed      bool
+	prev, turn *decisionTurn
+}
+
 // take is the life of one pulled message until it starts. Its rate
 // decides at once, as it arrives (deciding once a handler is free would
-// push a key that sends at its rate later with every wait, for good), in
-// the order the key's messages were pulled (after prev's; mine is its own
-// turn); refused, it waits here for the retry-after. Admitted, it waits
-// for a handler in its key's fair share (await). Until it starts it is
-// counted among p's messages pulled ahead, or, while it holds a
-// reservation, among those reserved (see maxKeyReserved).
-func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg, prev, mine *decisionTurn) {
+// push a key that sends at its rate later with every wait, for good),
+// and, once its key has had mixed costs, in the order the key's messages
+// were pulled (after a.prev's; a.turn is its own); refused, it waits here
+// for the retry-after. Admitted, it waits for a handler in its key's fair
+// share (await). Until it starts it is counted among p's messages pulled
+// ahead, or, while it holds a reservation, among those reserved (see
+// maxKeyReserved and pullAhead).
+func (kc *KeyedConsumer) take(p *keyPuller, a arrival) {
 	defer kc.wg.Done()
+	mine, msg := a.turn, a.msg
 	defer mine.answer()
 	h := kc.h
 	ctx, span := h.startSpan(msg)
@@ -598,18 +624,18 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg, prev, mine *decis
 		h.sched.SetBacklog(p.key, int(md.NumPending))
 	}
 	m := &pulledMsg{p: p}
-	tkey, cost, err := h.request(msg)
-	if err != nil {
-		h.terminate(ctx, span, msg, err)
+	if a.err != nil {
+		h.terminate(ctx, span, msg, a.err)
 		span.End()
 		m.end()
 		return
 	}
-	r := &request{msg: msg, key: tkey, cost: cost, arrived: time.Now(), keyed: true}
+	r := &request{msg: msg, key: a.key, cost: a.cost, arrived: time.Now(), keyed: true}
 	r.id, r.waitKey, r.delivery = requestID(msg)
 	beat := time.NewTicker(h.heartbeat)
-	p.noteCost(cost)
-	prev.wait(kc.ctx)
+	if a.mixed {
+		a.prev.wait(kc.ctx)
+	}
 	for {
 		asked := time.Now()
 		mine.ask()
