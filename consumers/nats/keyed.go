@@ -308,13 +308,14 @@ func average(avg, d time.Duration) time.Duration {
 // is pulled when one of them starts. A message its limits refuse is not
 // NAKed: it waits in process with InProgress heartbeats (a third of
 // AckWait apart) until its retry-after (or, refused an in-flight slot,
-// until a handler of its key ends here). One refused with a reservation
-// of its own (throttle.WithReservations) no longer counts among the 2:
-// the key's next message is pulled and decided at once, so that a key's
-// backlog is scheduled as if decided on arrival, a small message taking
-// the gap before a larger one's slot (the exact schedule); at most 64 of
-// a key wait for their reserved slots at once, within the Gate's horizon,
-// and its key's other messages wait in the stream meanwhile. So a flood
+// until a handler of its key ends here). Once a key has had messages of
+// more than one cost (WithCostFunc), one refused with a reservation of
+// its own (throttle.WithReservations) no longer counts among the 2: the
+// key's next message is pulled and decided at once, in the order pulled,
+// so that a key's backlog is scheduled as if decided on arrival, a small
+// message taking the gap before a larger one's slot (the exact schedule);
+// at most 64 of a key wait for their reserved slots at once, within the
+// Gate's horizon. The key's other messages wait in the stream meanwhile. So a flood
 // of one key costs its messages nothing but their wait, and other keys'
 // messages are pulled and started as they come (see Fair shares in the
 // package documentation).
