@@ -73,7 +73,7 @@ type keyPuller struct {
 	ahead     int           // pulled messages that have not started and hold no reservation
 	reserved  int           // pulled messages that wait for their reserved slot
 	freed     chan struct{} // signalled when ahead or reserved drops
-	firstCost int           // the cost of the key's first message decided (0: none yet)
+	firstCost int           // the cost of the key's first message pulled (0: none yet)
 	mixed     bool          // a message of the key cost other than firstCost
 	rtt       time.Duration // moving average of the key's rate decisions
 	gap       time.Duration // moving average between the key's admissions
@@ -302,7 +302,7 @@ func average(avg, d time.Duration) time.Duration {
 // A key has few messages in process that have not started and hold no
 // reservation: 2, and with a slow store as many more as the key admits
 // during two decision round trips, at most 16. Each is decided by the
-// Gate as it is pulled, in the order pulled, waits for its handler in the
+// Gate as it is pulled, waits for its handler in the
 // Handler's fair shares (WithConcurrency(n) handlers, WithWeights), then
 // takes its in-flight slot (WithInFlight) and runs; the key's next message
 // is pulled when one of them starts. A message its limits refuse is not
@@ -315,10 +315,10 @@ func average(avg, d time.Duration) time.Duration {
 // so that a key's backlog is scheduled as if decided on arrival, a small
 // message taking the gap before a larger one's slot (the exact schedule);
 // at most 64 of a key wait for their reserved slots at once, within the
-// Gate's horizon. The key's other messages wait in the stream meanwhile. So a flood
-// of one key costs its messages nothing but their wait, and other keys'
-// messages are pulled and started as they come (see Fair shares in the
-// package documentation).
+// Gate's horizon. The key's other messages wait in the stream meanwhile.
+// So a flood of one key costs its messages nothing but their wait, and
+// other keys' messages are pulled and started as they come (see Fair
+// shares in the package documentation).
 //
 // The Handler must be built with WithConcurrency, WithFair on (the
 // default) and WithConsumerConfig(cfg), so that it knows the consumers'
