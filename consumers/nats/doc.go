@@ -18,7 +18,8 @@
 // Where the key is a token of the subject (jobs.<tenant>), ConsumeByKey
 // pulls each key from a consumer of its own, in the order of the fair
 // shares of the handlers, so that a message is pulled only when it can
-// start:
+// start (or, for a key of mixed costs, the key's messages before it hold
+// their reserved slots):
 //
 //	h, err := natsthrottle.New(handle, gate, natsthrottle.WithConcurrency(16),
 //		natsthrottle.WithConsumerConfig(cfg)) // cfg.FilterSubject "jobs.*", the key the tenant
@@ -78,8 +79,10 @@
 // fair and weighted (WithWeights; WithFair(false) for first come, first
 // served): a key that needs less than its share never waits behind one
 // that needs more. ConsumeByKey (the key a subject token) pulls each key
-// from a consumer of its own, only when its message can start: nothing is
-// NAKed. With Handle on one consumer, a message beyond its key's part of
+// from a consumer of its own, only when its message can start or, for a
+// key of mixed costs, the key's messages before it hold their reserved
+// slots (at most 64 waiting for them: its backlog keeps its exact
+// schedule): nothing is NAKed. With Handle on one consumer, a message beyond its key's part of
 // the waiting room is deferred once, NAKed to when its share reaches it.
 //
 // # Backoff and in-flight limits

@@ -520,6 +520,7 @@ type instantsLimiter struct {
 	clockMu sync.Mutex // the Memory's janitor reads the clock too
 	last    time.Time
 	admits  []time.Time
+	units   []int // of each admission in admits
 }
 
 func newInstantsLimiter(t *testing.T, r throttle.Rate) *instantsLimiter {
@@ -544,6 +545,7 @@ func (l *instantsLimiter) AllowN(ctx context.Context, key string, n int) (thrott
 	d, err := l.Memory.AllowN(ctx, key, n)
 	if err == nil && d.Allowed {
 		l.admits = append(l.admits, l.lastRead())
+		l.units = append(l.units, n)
 	}
 	return d, err
 }
@@ -562,8 +564,26 @@ func (l *instantsLimiter) AllowID(ctx context.Context, key string, n int, id str
 	d, err := l.Memory.AllowID(ctx, key, n, id, horizon)
 	if err == nil && d.Allowed {
 		l.admits = append(l.admits, l.lastRead())
+		l.units = append(l.units, n)
 	}
 	return d, err
+}
+
+// mostUnits returns the most units admitted in any window of w.
+func (l *instantsLimiter) mostUnits(w time.Duration) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	most := 0
+	for _, t := range l.admits {
+		sum := 0
+		for j, u := range l.admits {
+			if !u.Before(t) && u.Sub(t) < w {
+				sum += l.units[j]
+			}
+		}
+		most = max(most, sum)
+	}
+	return most
 }
 
 func (l *instantsLimiter) admitted() []time.Time {

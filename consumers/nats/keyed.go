@@ -69,12 +69,17 @@ type keyPuller struct {
 	key string
 	cfg jetstream.ConsumerConfig
 
-	mu      sync.Mutex
-	ahead   int           // pulled messages that have not started
-	freed   chan struct{} // signalled when ahead drops
-	rtt     time.Duration // moving average of the key's rate decisions
-	gap     time.Duration // moving average between the key's admissions
-	lastRun time.Time     // of the key's last admission
+	mu        sync.Mutex
+	ahead     int           // pulled messages that have not started and hold no reservation
+	reserved  int           // pulled messages that wait for their reserved slot
+	freed     chan struct{} // signalled when ahead or reserved drops
+	firstCost int           // the cost of the key's first message pulled (0: none yet)
+	mixed     bool          // a message of the key cost other than firstCost
+	rtt       time.Duration // moving average of the key's rate decisions
+	gap       time.Duration // moving average between the key's admissions
+	lastRun   time.Time     // of the key's last admission
+
+	last *decisionTurn // of the message pulled last; only the pull loop touches it
 }
 
 // Messages of a key pulled ahead of their start. keyAhead may wait for
@@ -84,12 +89,26 @@ type keyPuller struct {
 // key admits during two of its decisions (the decision and the claim of a
 // reserved slot), up to maxKeyAhead: otherwise a key could never start
 // faster than one message per decision round trip.
+//
+// Once a key has had messages of more than one cost, a message that
+// holds a reservation is not counted among them: it has its slot, and the
+// key's next message is pulled and decided at once, so that a small
+// message takes a gap before a larger one's slot as it would had the
+// whole backlog been decided on arrival (the exact schedule). At most
+// maxKeyReserved wait for their slots at once; the Gate's horizon bounds
+// how far ahead they lie (a message refused beyond it holds no
+// reservation and counts among those ahead). A key of equal costs keeps
+// counting them: its schedule has no gaps, and reservations held far
+// ahead would only crowd a limit it shares with other keys (a partner's,
+// under throttle.All), where a pause or a lowered limit moves them.
 const (
-	keyAhead    = 2
-	maxKeyAhead = 16
+	keyAhead       = 2
+	maxKeyAhead    = 16
+	maxKeyReserved = 64
 )
 
-// limit is how many of p's messages may be pulled ahead of their start.
+// limit is how many of p's messages without a reservation may be pulled
+// ahead of their start.
 func (p *keyPuller) limit() int {
 	if p.gap <= 0 {
 		return keyAhead
@@ -98,11 +117,15 @@ func (p *keyPuller) limit() int {
 }
 
 // pullAhead waits until one more of p's messages may be pulled and counts
-// it; false if ctx ended first.
+// it ahead; false if ctx ended first.
 func (p *keyPuller) pullAhead(ctx context.Context) bool {
 	for {
 		p.mu.Lock()
-		if p.ahead < p.limit() {
+		held := p.ahead
+		if !p.mixed {
+			held += p.reserved
+		}
+		if held < p.limit() && p.reserved < maxKeyReserved {
 			p.ahead++
 			p.mu.Unlock()
 			return true
@@ -116,14 +139,128 @@ func (p *keyPuller) pullAhead(ctx context.Context) bool {
 	}
 }
 
-// started uncounts one of p's messages pulled ahead: it started or ended.
-func (p *keyPuller) started() {
+// noteCost notes cost, of one of p's messages, and reports whether p's
+// messages have had more than one cost so far. From then on, those
+// holding a reservation no longer count among the messages ahead (see
+// pullAhead), and the key's first decisions go in the order pulled (see
+// decisionTurn). Only then may a reserved slot leave a gap before it
+// that a later message can take: a key whose messages all cost the same
+// is scheduled without gaps, whatever the order of its decisions, and
+// holding more of its reservations here gains nothing.
+func (p *keyPuller) noteCost(cost int) bool {
 	p.mu.Lock()
-	p.ahead--
+	switch {
+	case p.firstCost == 0:
+		p.firstCost = cost
+	case cost != p.firstCost && !p.mixed:
+		p.mixed = true
+		defer p.wake()
+	}
+	mixed := p.mixed
 	p.mu.Unlock()
+	return mixed
+}
+
+// move adds da to p's messages ahead and dr to those reserved, and wakes
+// the pull loop if either dropped.
+func (p *keyPuller) move(da, dr int) {
+	p.mu.Lock()
+	p.ahead += da
+	p.reserved += dr
+	p.mu.Unlock()
+	if da < 0 || dr < 0 {
+		p.wake()
+	}
+}
+
+// wake wakes p's pull loop to look at its counts again.
+func (p *keyPuller) wake() {
 	select {
 	case p.freed <- struct{}{}:
 	default:
+	}
+}
+
+// started uncounts one of p's messages pulled ahead: it started or ended.
+func (p *keyPuller) started() { p.move(-1, 0) }
+
+// pulledMsg is how one pulled message is counted in its keyPuller until
+// it starts or ends: ahead, or reserved.
+type pulledMsg struct {
+	p        *keyPuller
+	reserved bool
+	ended    bool
+}
+
+// hold counts m as reserved (it holds its own slot) or not.
+func (m *pulledMsg) hold(reserved bool) {
+	switch {
+	case m.ended || m.reserved == reserved:
+	case reserved:
+		m.p.move(-1, 1)
+	default:
+		m.p.move(1, -1)
+	}
+	m.reserved = reserved
+}
+
+// end uncounts m: it started or ended. Later calls do nothing.
+func (m *pulledMsg) end() {
+	if m.ended {
+		return
+	}
+	m.ended = true
+	if m.reserved {
+		m.p.move(0, -1)
+	} else {
+		m.p.move(-1, 0)
+	}
+}
+
+// decisionTurn keeps a key's first decisions in the order its messages were
+// pulled, the order the exact schedule decides them in: a message asks
+// once the message pulled before it has its answer, or has been asking
+// for turnGap (a slow store then carries both, in order, without one
+// waiting for the other's round trip).
+type decisionTurn struct {
+	asked, answered chan struct{}
+	askOnce, once   sync.Once
+}
+
+// turnGap is how long a message's first decision waits for the answer to
+// the one pulled before it.
+const turnGap = time.Millisecond
+
+func newDecisionTurn() *decisionTurn {
+	return &decisionTurn{asked: make(chan struct{}), answered: make(chan struct{})}
+}
+
+// ask marks t's first decision asked.
+func (t *decisionTurn) ask() { t.askOnce.Do(func() { close(t.asked) }) }
+
+// answer marks t's first decision answered (or never to be asked).
+func (t *decisionTurn) answer() {
+	t.ask()
+	t.once.Do(func() { close(t.answered) })
+}
+
+// wait waits for the turn of the message pulled after t's (at once if t
+// is nil), or until ctx is done.
+func (t *decisionTurn) wait(ctx context.Context) {
+	if t == nil {
+		return
+	}
+	select {
+	case <-t.asked:
+	case <-ctx.Done():
+		return
+	}
+	timer := time.NewTimer(turnGap)
+	defer timer.Stop()
+	select {
+	case <-t.answered:
+	case <-timer.C:
+	case <-ctx.Done():
 	}
 }
 
@@ -162,16 +299,23 @@ func average(avg, d time.Duration) time.Duration {
 // subject filter). Every process that calls ConsumeByKey with the same cfg
 // shares these consumers, so each message is delivered to one of them.
 //
-// A key has few messages in process that have not started: 2, and with a
-// slow store as many more as the key admits during two decision round
-// trips, at most 16. Each is decided by the Gate as it is pulled, waits
-// for its handler in the Handler's fair shares (WithConcurrency(n)
-// handlers, WithWeights), then takes its in-flight slot (WithInFlight) and
-// runs; the key's next message is pulled when one of them starts. A
-// message its limits refuse is not NAKed: it waits in process with
-// InProgress heartbeats (a third of AckWait apart) until its retry-after
-// (or, refused an in-flight slot, until a handler of its key ends here),
-// and its key's other messages wait in the stream meanwhile.
+// A key has few messages in process that have not started and hold no
+// reservation: 2, and with a slow store as many more as the key admits
+// during two decision round trips, at most 16. Each is decided by the
+// Gate as it is pulled, waits for its handler in the
+// Handler's fair shares (WithConcurrency(n) handlers, WithWeights), then
+// takes its in-flight slot (WithInFlight) and runs; the key's next message
+// is pulled when one of them starts. A message its limits refuse is not
+// NAKed: it waits in process with InProgress heartbeats (a third of
+// AckWait apart) until its retry-after (or, refused an in-flight slot,
+// until a handler of its key ends here). Once a key has had messages of
+// more than one cost (WithCostFunc), one refused with a reservation of
+// its own (throttle.WithReservations) no longer counts among the 2: the
+// key's next message is pulled and decided at once, in the order pulled,
+// so that a key's backlog is scheduled as if decided on arrival, a small
+// message taking the gap before a larger one's slot (the exact schedule);
+// at most 64 of a key wait for their reserved slots at once, within the
+// Gate's horizon. The key's other messages wait in the stream meanwhile.
 // So a flood of one key costs its messages nothing but their wait, and
 // other keys' messages are pulled and started as they come (see Fair
 // shares in the package documentation).
@@ -432,8 +576,14 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 			if kc.wrap != nil {
 				msg = kc.wrap(msg)
 			}
+			// The cost is noted here, in the order pulled, so that every
+			// message after the first of another cost waits its turn.
+			a := arrival{msg: msg, prev: p.last, turn: newDecisionTurn()}
+			a.key, a.cost, a.err = kc.h.request(msg)
+			a.mixed = a.err == nil && p.noteCost(a.cost)
+			p.last = a.turn
 			kc.wg.Add(1)
-			go kc.take(p, msg)
+			go kc.take(p, a)
 		},
 		empty: func() {
 			kc.h.sched.SetBacklog(p.key, 0)
@@ -444,44 +594,66 @@ func (kc *KeyedConsumer) pull(p *keyPuller) {
 	pl.run(kc.ctx)
 }
 
+// arrival is a message as pulled: its key and cost (or the error that
+// names neither), whether its key had mixed costs by then (see noteCost),
+// and its turn among the key's first decisions after prev's.
+type arrival struct {
+	msg        jetstream.Msg
+	key        string
+	cost       int
+	err        error
+	mixed      bool
+	prev, turn *decisionTurn
+}
+
 // take is the life of one pulled message until it starts. Its rate
 // decides at once, as it arrives (deciding once a handler is free would
-// push a key that sends at its rate later with every wait, for good);
-// refused, it waits here for the retry-after, and its key's messages not
-// pulled yet wait in the stream. Admitted, it waits for a handler in its
-// key's fair share (await). It is counted among p's messages pulled ahead
-// until then.
-func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
+// push a key that sends at its rate later with every wait, for good),
+// and, once its key has had mixed costs, in the order the key's messages
+// were pulled (after a.prev's; a.turn is its own); refused, it waits here
+// for the retry-after. Admitted, it waits for a handler in its key's fair
+// share (await). Until it starts it is counted among p's messages pulled
+// ahead, or, while it holds a reservation, among those reserved (see
+// maxKeyReserved and pullAhead).
+func (kc *KeyedConsumer) take(p *keyPuller, a arrival) {
 	defer kc.wg.Done()
+	mine, msg := a.turn, a.msg
+	defer mine.answer()
 	h := kc.h
 	ctx, span := h.startSpan(msg)
 	if md, err := msg.Metadata(); err == nil {
 		h.sched.SetBacklog(p.key, int(md.NumPending))
 	}
-	done := p.started
-	tkey, cost, err := h.request(msg)
-	if err != nil {
-		h.terminate(ctx, span, msg, err)
+	m := &pulledMsg{p: p}
+	if a.err != nil {
+		h.terminate(ctx, span, msg, a.err)
 		span.End()
-		done()
+		m.end()
 		return
 	}
-	r := &request{msg: msg, key: tkey, cost: cost, arrived: time.Now(), keyed: true}
+	r := &request{msg: msg, key: a.key, cost: a.cost, arrived: time.Now(), keyed: true}
 	r.id, r.waitKey, r.delivery = requestID(msg)
 	beat := time.NewTicker(h.heartbeat)
+	if a.mixed {
+		a.prev.wait(kc.ctx)
+	}
 	for {
 		asked := time.Now()
+		mine.ask()
 		v := h.rate(ctx, span, r)
+		mine.answer()
 		p.decided(time.Since(asked), v.run)
 		if v.done {
 			beat.Stop()
 			span.End()
-			done()
+			m.end()
 			return
 		}
 		if v.run {
+			m.hold(false)
 			break
 		}
+		m.hold(v.reserved)
 		h.dispose(ctx, r, DispositionWait)
 		// Asked again at the retry-after, not before: with stacked
 		// limits (throttle.All) the parts' slots differ by up to a round
@@ -492,13 +664,13 @@ func (kc *KeyedConsumer) take(p *keyPuller, msg jetstream.Msg) {
 		// unused.
 		if !kc.pause(ctx, span, r, v.retry, beat) {
 			beat.Stop()
-			done()
+			m.end()
 			return
 		}
 	}
 	t := h.sched.Arrive(p.key, fair.Arrival{})
 	defer beat.Stop()
-	defer done()
+	defer m.end()
 	kc.await(ctx, span, r, t, beat)
 }
 
