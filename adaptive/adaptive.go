@@ -63,14 +63,13 @@ var (
 const (
 	// DefaultRefresh is how often a process reads a key's state.
 	DefaultRefresh = 100 * time.Millisecond
-	marginPerMille = 50                    // taken off the estimate
-	holdWindows    = 2                     // windows without a decrease before the limit grows
-	growPerWindow  = 0.02                  // of the estimate, per window, once it grows, up to the estimate
-	probeGrowth    = 0.0002                // of the estimate, per window squared, beyond it
-	stateKeep      = time.Hour             // the state's life without a 429
-	callTimeout    = 2 * time.Second       // each Redis call, unless ctx ends first
-	maxSplit       = 10                    // WithPacedStart paces the first window in at most this many parts
-	maxRecordLag   = 20 * time.Millisecond // Rejected waits a fiftieth of Per for Accepted calls on their way, at most this
+	marginPerMille = 50              // taken off the estimate
+	holdWindows    = 2               // windows without a decrease before the limit grows
+	growPerWindow  = 0.02            // of the estimate, per window, once it grows, up to the estimate
+	probeGrowth    = 0.0002          // of the estimate, per window squared, beyond it
+	stateKeep      = time.Hour       // the state's life without a 429
+	callTimeout    = 2 * time.Second // each Redis call, unless ctx ends first
+	maxSplit       = 10              // WithPacedStart paces the first window in at most this many parts
 )
 
 // Limit is an adaptive limit per key (see the package documentation). It
@@ -222,24 +221,10 @@ func (l *Limit) Accepted(ctx context.Context, key string) error {
 
 // Rejected records a 429 for key and returns the limit then: the first
 // of a congestion event decreases it, for every process (see the package
-// documentation). It waits a fiftieth of the ceiling's Per first (at
-// most 20 ms), so that the estimate counts the calls accepted just before
-// the 429 whose Accepted is on its way. Errors are Redis's, wrapped as
-// "adaptive: redis: ...", or ctx's; the limit is then unchanged.
+// documentation). Errors are Redis's or ctx's, wrapped as "adaptive:
+// redis: ..."; the limit is then unchanged.
 func (l *Limit) Rejected(ctx context.Context, key string) (int, error) {
 	seen := l.Limit(key)
-	// The calls the partner accepted just before this 429 (often in the
-	// same bunch) may not be recorded yet: their handlers call Accepted
-	// after the reply, as this one calls Rejected. The estimate counts
-	// them after a short wait, or is one short (9 for a quota of 10, held
-	// until the probe past the estimate finds 10 again, 24 windows on).
-	t := time.NewTimer(min(l.ceiling.Per/50, maxRecordLag))
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		t.Stop()
-		return seen, fmt.Errorf("adaptive: %w", ctx.Err())
-	}
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	keys := []string{l.key(key, ":state"), l.key(key, ":ok")}

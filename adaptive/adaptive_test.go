@@ -246,23 +246,3 @@ func TestFirstWindowPaced(t *testing.T) {
 		t.Fatalf("the decreased key: %+v, want 29 per %v", q, ceiling.Per)
 	}
 }
-
-// TestRejectedCanceled: a 429 reported with a context that ends during
-// Rejected's wait for accepted calls on their way changes nothing and
-// returns ctx's error.
-func TestRejectedCanceled(t *testing.T) {
-	client := redistest.Shared(t).Client(t)
-	l, err := adaptive.NewRedis(client, throttle.Rate{Count: 100, Per: time.Second}, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	accept(t, l, "p", 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if got, err := l.Rejected(ctx, "p"); !errors.Is(err, context.Canceled) || got != 100 {
-		t.Fatalf("canceled: %d, %v; want the ceiling 100 and context.Canceled", got, err)
-	}
-	if got, err := l.Read(context.Background(), "p"); err != nil || got != 100 {
-		t.Fatalf("after: %d, %v; want 100, nothing decreased", got, err)
-	}
-}
