@@ -12,8 +12,12 @@
 // every process's, since a partner that counts in windows accepted exactly
 // its quota in the window where its 429s began; less a margin (5 %, rounded
 // to the nearest call: 10 for 10, 24 for 25), never below the floor, and
-// below the limit then in force (a 429 at 10 with 10 accepted gives 9: a
-// decrease always relieves). After a hold of
+// above the limit then in force (a lone 429 at 10 with 10 accepted keeps
+// 10, as a call that reached the partner a little early; a second such
+// event within 10 windows gives 9). A 429 at or beyond the last estimate
+// whose count is at most a call (or 5 %) short of it keeps that estimate
+// (the last accepted calls may still be on their way); RejectedAfter
+// narrows the count with the 429's Retry-After. After a hold of
 // two windows without a decrease, the limit grows by 2 % of the estimate
 // per Per back to the estimate, then probes beyond it, slowly near it and
 // faster away from it (as TCP CUBIC does near its last maximum): the
@@ -221,14 +225,36 @@ func (l *Limit) Accepted(ctx context.Context, key string) error {
 
 // Rejected records a 429 for key and returns the limit then: the first
 // of a congestion event decreases it, for every process (see the package
-// documentation). Errors are Redis's or ctx's, wrapped as "adaptive:
-// redis: ..."; the limit is then unchanged.
+// documentation). It is RejectedAfter without a Retry-After. Errors are
+// Redis's or ctx's, wrapped as "adaptive: redis: ..."; the limit is then
+// unchanged.
 func (l *Limit) Rejected(ctx context.Context, key string) (int, error) {
+	return l.RejectedAfter(ctx, key, 0)
+}
+
+// RejectedAfter records a 429 for key whose Retry-After was retryAfter
+// (0: none or unknown), as Rejected does. A partner that counts in a
+// sliding window of the ceiling's Per answers a Retry-After r below Per
+// when the oldest call of its window leaves in r: the quota it accepted
+// then lies within the last Per - r. So the estimate counts the accepted
+// calls of the last Per - r (and a fiftieth of Per more, for the oldest
+// of them, recorded a little after the partner took it), not of the whole
+// Per, which after a quota cut still holds the calls taken at the old
+// quota (25 a second cut to 10: the first 429's Retry-After of about
+// 600 ms gives 10, where the whole Per gives 25). A Retry-After of Per or
+// more (whole seconds, say) tells nothing, and the whole Per counts.
+// Errors are as Rejected's.
+func (l *Limit) RejectedAfter(ctx context.Context, key string, retryAfter time.Duration) (int, error) {
 	seen := l.Limit(key)
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	span := l.ceiling.Per
+	if retryAfter > 0 && retryAfter < span {
+		span = min(span, span-retryAfter+span/50)
+	}
 	keys := []string{l.key(key, ":state"), l.key(key, ":ok")}
 	args := append([]any{l.perUS(), l.floor, seen, marginPerMille}, l.known(key)...)
+	args = append(args, span.Microseconds())
 	v, err := rejectedScript.Run(ctx, l.client, keys, args...).Int64Slice()
 	if err != nil {
 		return seen, fmt.Errorf("adaptive: redis: %w", err)

@@ -68,8 +68,8 @@ func TestOneDecreasePerEvent(t *testing.T) {
 // TestDecreaseRoundsToNearest: the margin is rounded to the nearest
 // call, so that a small quota is not cut by a whole call: 10 accepted
 // give 10 (9.5), not 9, which would run the partner at 90 %; 11 give 10
-// (10.45), 7 give 7 (6.65). A decrease goes below the limit the 429 came
-// at: 10 accepted at a limit of 10 give 9.
+// (10.45), 7 give 7 (6.65). A lone 429 at a limit the estimate does not
+// relieve keeps it; a second within 10 windows goes one below.
 func TestDecreaseRoundsToNearest(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
@@ -84,8 +84,9 @@ func TestDecreaseRoundsToNearest(t *testing.T) {
 			t.Errorf("%d accepted in the window, then a 429: limit %d, %v; want %d", accepted, got, err, want)
 		}
 	}
-	// A 429 at the limit the estimate gives again decreases all the same.
-	l, err := adaptive.NewRedis(client, throttle.Rate{Count: 100, Per: 200 * time.Millisecond}, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+	// A lone 429 at the limit the estimate gives keeps it; a second event
+	// within 10 windows goes one below.
+	l, err := adaptive.NewRedis(client, throttle.Rate{Count: 100, Per: 100 * time.Millisecond}, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,10 +94,15 @@ func TestDecreaseRoundsToNearest(t *testing.T) {
 	if got, err := l.Rejected(ctx, "p"); err != nil || got != 10 {
 		t.Fatalf("first event: limit %d, %v; want 10", got, err)
 	}
-	time.Sleep(250 * time.Millisecond) // a new event, within the hold: the limit is still 10
+	time.Sleep(1200 * time.Millisecond) // 12 windows: the limit is back at the estimate, 10
+	accept(t, l, "p", 10)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 10 {
+		t.Fatalf("a lone 429 at 10 with 10 accepted: limit %d, %v; want 10 kept", got, err)
+	}
+	time.Sleep(150 * time.Millisecond) // a new event, within 10 windows of the last
 	accept(t, l, "p", 10)
 	if got, err := l.Rejected(ctx, "p"); err != nil || got != 9 {
-		t.Fatalf("a 429 at 10 with 10 accepted: limit %d, %v; want 9, below the limit it came at", got, err)
+		t.Fatalf("a second 429 at 10 with 10 accepted: limit %d, %v; want 9, below the limit it came at", got, err)
 	}
 }
 
@@ -244,5 +250,78 @@ func TestFirstWindowPaced(t *testing.T) {
 	}
 	if q := l.Quota("p"); q.Rate.Count != 29 || q.Rate.Per != ceiling.Per {
 		t.Fatalf("the decreased key: %+v, want 29 per %v", q, ceiling.Per)
+	}
+}
+
+// TestRejectedAfterCountsSinceRoom: a 429 whose Retry-After is 700 ms of
+// a 1 s window says the partner took its quota in the last 300 ms: the
+// estimate counts the 10 calls accepted there, not the 15 accepted half
+// a second before (a quota just cut). Rejected, and a Retry-After of the
+// whole window, count all 25.
+func TestRejectedAfterCountsSinceRoom(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	ceiling := throttle.Rate{Count: 100, Per: time.Second}
+	var ls [3]*adaptive.Limit
+	for i := range ls {
+		l, err := adaptive.NewRedis(client, ceiling, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+		accept(t, l, "p", 15)
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, l := range ls {
+		accept(t, l, "p", 10)
+	}
+	if got, err := ls[0].RejectedAfter(ctx, "p", 700*time.Millisecond); err != nil || got != 10 {
+		t.Errorf("RejectedAfter 700ms: limit %d, %v; want 10 (the 10 of the last 300 ms, less 5 %% rounded)", got, err)
+	}
+	if got, err := ls[1].Rejected(ctx, "p"); err != nil || got != 24 {
+		t.Errorf("Rejected: limit %d, %v; want 24 (all 25 of the window, less 5 %% rounded)", got, err)
+	}
+	if got, err := ls[2].RejectedAfter(ctx, "p", time.Second); err != nil || got != 24 {
+		t.Errorf("RejectedAfter of the whole window: limit %d, %v; want 24 (it tells nothing: all 25 count)", got, err)
+	}
+}
+
+// TestProbeKeepsEstimate: a 429 while the limit probes beyond its last
+// estimate (100) keeps that estimate though fewer calls are counted (98:
+// the last accepted ones may not be recorded yet), so the limit goes back
+// to 95, not to 93; 50 counted at the estimate is a cut quota, and
+// stands.
+func TestProbeKeepsEstimate(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	l, err := adaptive.NewRedis(client, throttle.Rate{Count: 200, Per: 100 * time.Millisecond}, 1,
+		adaptive.WithPrefix(redistest.Prefix("adaptive")), adaptive.WithRefresh(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept(t, l, "p", 100)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 95 {
+		t.Fatalf("first 429: %d, %v; want 95", got, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Limit("p") <= 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the limit never probed beyond the estimate: %d", l.Limit("p"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	accept(t, l, "p", 98)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 95 {
+		t.Fatalf("429 of a probe with 98 counted: %d, %v; want 95 (the estimate 100 kept, less 5 %%)", got, err)
+	}
+	for l.Limit("p") < 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the limit never grew back to the estimate: %d", l.Limit("p"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	accept(t, l, "p", 50)
+	if got, err := l.Rejected(ctx, "p"); err != nil || got != 48 {
+		t.Fatalf("429 at the estimate with 50 counted (a cut quota): %d, %v; want 48 (50 less 5 %%, rounded)", got, err)
 	}
 }

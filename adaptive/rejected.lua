@@ -3,8 +3,10 @@
 -- estimate of the partner's quota: the calls it accepted in the last
 -- window (it accepted exactly its quota in the window where 429s began),
 -- less the margin (rounded to the nearest call), at least the floor and
--- below the limit the caller saw. Later 429s of the same event change
--- nothing: one decrease per event, for every process.
+-- never above the limit the caller saw (one below it for a second event
+-- within 10 windows that the estimate would not relieve). Later 429s of
+-- the same event change nothing: one decrease per event, for every
+-- process.
 -- KEYS[1]  the key's state: a hash {limit, estimate, decreased} (decreased
 --          in µs, Redis TIME).
 -- KEYS[2]  the key's accepted calls (accepted.lua).
@@ -13,6 +15,8 @@
 -- ARGV[3]  seen: the limit the caller decided with.
 -- ARGV[4]  margin: per mille taken off the estimate.
 -- ARGV[5]  keep: how long the state lives without a 429, ms.
+-- ARGV[9]  span: the accepted calls of the last span µs are the estimate
+--          (per, or less after a Retry-After: see RejectedAfter).
 -- ARGV[6..8] limit, estimate, decreased as the caller knew them, "" when
 --          it knew none. A state missing while the caller knew one was
 --          lost (and the accepted calls with it): it is written back, and
@@ -33,14 +37,32 @@ local decreased = tonumber(s[3]) or 0
 if s[1] and now - decreased < per then
 	return {tonumber(s[1]), tonumber(s[2]) or 0, decreased, now, 0}
 end
-local estimate = redis.call("ZCOUNT", KEYS[2], "(" .. string.format("%d", now - per), "+inf")
+local estimate = redis.call("ZCOUNT", KEYS[2], "(" .. string.format("%d", now - (tonumber(ARGV[9]) or per)), "+inf")
+-- A 429 at or beyond the last estimate, with a count at most a call (or
+-- 5 %) short of it, found the quota there: the estimate stays. The count
+-- can be that short (the last accepted calls still on their way to
+-- accepted.lua), and a lower estimate would hold the limit under the
+-- quota until the next probe, 24 windows on at a quota of 10. A count
+-- further below is a quota cut, and stands.
+local last = tonumber(s[2]) or 0
+if s[1] and seen >= last and estimate < last and estimate >= last - math.max(1, math.floor(last / 20)) then
+	estimate = last
+end
 -- Rounded to the nearest call (a half up): at small quotas a margin of
 -- less than a call rounded down would take a whole one (9 for 10, 10 %).
 local limit = math.floor(estimate * (1000 - tonumber(ARGV[4])) / 1000 + 0.5)
--- Below the limit the 429 came at: a decrease that kept it (10 accepted
--- at a limit of 10) would leave every later 429 of the same cause
--- without relief.
-limit = math.max(floor, math.min(limit, seen - 1))
+-- An estimate that gives no relief (10 accepted at a limit of 10): a lone
+-- 429 at the limit (a call that reached the partner a little early)
+-- changes nothing but starts an event; a second such event within 10
+-- windows of the last goes one below the limit, so that 429s of a lasting
+-- cause do not go on without relief.
+if limit >= seen then
+	limit = seen
+	if s[1] and now - decreased < 10 * per then
+		limit = seen - 1
+	end
+end
+limit = math.max(floor, limit)
 redis.call("HSET", KEYS[1], "limit", limit, "estimate", estimate, "decreased", now)
 redis.call("PEXPIRE", KEYS[1], ARGV[5])
 return {limit, estimate, now, now, 1}

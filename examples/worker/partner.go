@@ -276,17 +276,18 @@ func (c *partnerClient) call(ctx context.Context) (accepted bool, retry time.Dur
 		}
 		return true, 0, nil
 	case http.StatusTooManyRequests:
-		if c.adapt != nil {
-			if _, err := c.adapt.Rejected(ctx, partnerKey); err != nil {
-				return false, time.Second, err
-			}
-		}
 		ms, _ := strconv.ParseInt(resp.Header.Get("Retry-After-Ms"), 10, 64)
 		if ms <= 0 {
 			s, _ := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64)
 			ms = s * 1000
 		}
-		return false, max(time.Duration(ms)*time.Millisecond, time.Millisecond), nil
+		retry := max(time.Duration(ms)*time.Millisecond, time.Millisecond)
+		if c.adapt != nil {
+			if _, err := c.adapt.RejectedAfter(ctx, partnerKey, retry); err != nil {
+				return false, time.Second, err
+			}
+		}
+		return false, retry, nil
 	}
 	return false, 0, fmt.Errorf("partner: %s", resp.Status)
 }
