@@ -86,7 +86,9 @@ func TestDecreaseRoundsToNearest(t *testing.T) {
 	}
 	// A lone 429 at the limit the estimate gives keeps it; a second event
 	// within 10 windows goes one below.
-	l, err := adaptive.NewRedis(client, throttle.Rate{Count: 100, Per: 100 * time.Millisecond}, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")))
+	replans := 0
+	l, err := adaptive.NewRedis(client, throttle.Rate{Count: 100, Per: 100 * time.Millisecond}, 1, adaptive.WithPrefix(redistest.Prefix("adaptive")),
+		adaptive.WithReplan(func(context.Context, string) { replans++ }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +105,9 @@ func TestDecreaseRoundsToNearest(t *testing.T) {
 	accept(t, l, "p", 10)
 	if got, err := l.Rejected(ctx, "p"); err != nil || got != 9 {
 		t.Fatalf("a second 429 at 10 with 10 accepted: limit %d, %v; want 9, below the limit it came at", got, err)
+	}
+	if replans != 2 {
+		t.Errorf("replan ran %d times, want 2 (the lone 429 changed nothing to plan again)", replans)
 	}
 }
 

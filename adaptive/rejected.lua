@@ -7,21 +7,23 @@
 -- within 10 windows that the estimate would not relieve). Later 429s of
 -- the same event change nothing: one decrease per event, for every
 -- process.
--- KEYS[1]  the key's state: a hash {limit, estimate, decreased} (decreased
---          in µs, Redis TIME).
+-- KEYS[1]  the key's state: a hash {limit, estimate, decreased}; decreased
+--          (µs, Redis TIME) is the last congestion event's instant, a lone
+--          429 that kept the limit included.
 -- KEYS[2]  the key's accepted calls (accepted.lua).
 -- ARGV[1]  per: the window, µs.
 -- ARGV[2]  floor: the least limit.
 -- ARGV[3]  seen: the limit the caller decided with.
 -- ARGV[4]  margin: per mille taken off the estimate.
 -- ARGV[5]  keep: how long the state lives without a 429, ms.
--- ARGV[9]  span: the accepted calls of the last span µs are the estimate
---          (per, or less after a Retry-After: see RejectedAfter).
 -- ARGV[6..8] limit, estimate, decreased as the caller knew them, "" when
 --          it knew none. A state missing while the caller knew one was
 --          lost (and the accepted calls with it): it is written back, and
 --          this 429 decreases nothing (its estimate would count nothing).
--- Returns {limit, estimate, decreased, now, changed (0|1)}.
+-- ARGV[9]  span: the accepted calls of the last span µs are the estimate
+--          (per, or less after a Retry-After: see RejectedAfter).
+-- Returns {limit, estimate, decreased, now, changed (0|1: the limit went
+-- below the one the caller saw, and reservations need planning again)}.
 local t = redis.call("TIME")
 local now = t[1] * 1000000 + t[2]
 local per = tonumber(ARGV[1])
@@ -65,4 +67,8 @@ end
 limit = math.max(floor, limit)
 redis.call("HSET", KEYS[1], "limit", limit, "estimate", estimate, "decreased", now)
 redis.call("PEXPIRE", KEYS[1], ARGV[5])
-return {limit, estimate, now, now, 1}
+local changed = 0
+if limit < seen then
+	changed = 1
+end
+return {limit, estimate, now, now, changed}

@@ -12,8 +12,10 @@ import (
 	"github.com/queuethrottle/queuethrottle/internal/rediskey"
 )
 
-// GroupedLua is the prelude of the scripts Grouped sends: eachKey, their
-// outer loop over the keys of a call (see grouped.lua).
+// GroupedLua is eachKey, the outer loop over the keys of a call that
+// window.lua is prepended with (see grouped.lua). bucket.lua has a loop of
+// its own with the same failure rule: its requests differ in length (a
+// lease takes two arguments), which eachKey's fixed stride cannot walk.
 //
 //go:embed grouped.lua
 var GroupedLua string
