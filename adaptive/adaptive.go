@@ -14,20 +14,23 @@
 // to the nearest call: 10 for 10, 24 for 25), never below the floor, and
 // above the limit then in force (a lone 429 at 10 with 10 accepted keeps
 // 10, as a call that reached the partner a little early; a second such
-// event within 10 windows gives 9). A 429 at or beyond the last estimate
-// whose count is at most a call (or 5 %) short of it keeps that estimate
-// (the last accepted calls may still be on their way); RejectedAfter
-// narrows the count with the 429's Retry-After. After a hold of
-// two windows without a decrease, the limit grows by 2 % of the estimate
-// per Per back to the estimate, then probes beyond it, slowly near it and
-// faster away from it (as TCP CUBIC does near its last maximum): the
-// excess is 0.02 % of the estimate times the square of the windows since
-// it passed the estimate (one more call of 25 after 14 windows, twice the
-// estimate after 70), up to the ceiling. So a partner whose quota grows
-// is found again, and one whose quota stays (25, say) is probed past it
-// about once every 16 windows; each overshoot costs the few calls of one 429 and its
-// Retry-After. A saw-tooth that halves (throttle.AIMD) averages about
-// 0.75 of the quota; this one stays within the margin of it.
+// event within 10 windows of the last goes a call below, or 5 % when that
+// is less: 9.5, which Quota paces as 10 calls per 1.053 Per). A 429 at
+// or beyond the last estimate whose count is at most a call (or 5 %)
+// short of it keeps that estimate (the last accepted calls may still be
+// on their way); RejectedAfter narrows the count with the 429's
+// Retry-After. After a hold of two windows without a decrease, the limit
+// grows by 2 % of the estimate per Per back to the estimate (with
+// fractions of a call: see Quota), then probes beyond it in whole calls,
+// slowly near it and faster away from it (as TCP CUBIC does near its last
+// maximum): the excess is 0.02 % of the estimate times the square of the
+// windows since it passed the estimate (one more call of 25 after 14
+// windows, twice the estimate after 70), up to the ceiling. So a partner
+// whose quota grows is found again, and one whose quota stays (25, say)
+// is probed past it about once every 16 windows; each overshoot costs the
+// few calls of one 429 and its Retry-After. A saw-tooth that halves
+// (throttle.AIMD) averages about 0.75 of the quota; this one stays within
+// the margin of it.
 //
 // The state is a hash in Redis beside the accepted calls (a sorted set),
 // prefix + "{" + escaped key + "}" + ":state" and ":ok", in one Redis
@@ -42,6 +45,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -96,10 +100,10 @@ type Limit struct {
 
 // keyState is what this process knows of a key's state.
 type keyState struct {
-	limit     int   // -1: none yet (the ceiling)
-	estimate  int   // the partner's quota, as last estimated
-	decreased int64 // µs, Redis's clock: the last decrease
-	redisNow  int64 // µs, Redis's clock, when fetched
+	limit     float64 // calls per the ceiling's Per, with a fraction; -1: none yet (the ceiling)
+	estimate  int     // the partner's quota, as last estimated
+	decreased int64   // µs, Redis's clock: the last decrease
+	redisNow  int64   // µs, Redis's clock, when fetched
 	fetched   time.Time
 	first     time.Time // this process's first Quota of the key
 	fetching  bool
@@ -175,24 +179,44 @@ func NewRedis(client redis.Scripter, ceiling throttle.Rate, floor int, opts ...O
 // at most WithRefresh ago, with the growth since; with WithPacedStart, a
 // key's first Per before any decrease is paced. A read that is due runs
 // on a goroutine of its own, so Quota never waits for Redis.
+//
+// A limit with a fraction of a call (9.5, below the estimate: after a
+// decrease, growing back, or one event's small step) is its whole calls
+// rounded up per a Per stretched to match (10 per 1.0526 Per): no Per
+// ever holds more calls than the estimate, and the pace is the fraction's.
+// Beyond the estimate the limit probes in whole calls per Per.
 func (l *Limit) Quota(key string) throttle.Quota {
 	c, paced := l.limit(key)
 	if paced {
-		return throttle.Quota{Rate: throttle.Rate{Count: c / l.split, Per: l.ceiling.Per / time.Duration(l.split)}}
+		n := l.ceiling.Count
+		return throttle.Quota{Rate: throttle.Rate{Count: n / l.split, Per: l.ceiling.Per / time.Duration(l.split)}}
 	}
-	return throttle.Quota{Rate: throttle.Rate{Count: c, Per: l.ceiling.Per}}
+	n := math.Ceil(c)
+	if n == c {
+		return throttle.Quota{Rate: throttle.Rate{Count: int(n), Per: l.ceiling.Per}}
+	}
+	return throttle.Quota{Rate: throttle.Rate{Count: int(n), Per: time.Duration(float64(l.ceiling.Per) * n / c)}}
 }
 
-// Limit returns key's Count per the ceiling's Per now (see Quota; in the
-// paced first window, the ceiling's Count).
+// Limit returns key's limit now in whole calls per the ceiling's Per,
+// rounded down (see Calls; in the paced first window, the ceiling's
+// Count).
 func (l *Limit) Limit(key string) int {
+	c, _ := l.limit(key)
+	return int(c)
+}
+
+// Calls returns key's limit now in calls per the ceiling's Per, with its
+// fraction (see Quota).
+func (l *Limit) Calls(key string) float64 {
 	c, _ := l.limit(key)
 	return c
 }
 
-// limit returns key's Count per the ceiling's Per now, and whether its
-// first window paces it (see Quota), starting a read when one is due.
-func (l *Limit) limit(key string) (int, bool) {
+// limit returns key's limit now (calls per the ceiling's Per: whole
+// beyond the estimate, see Quota), and whether its first window paces it,
+// starting a read when one is due.
+func (l *Limit) limit(key string) (float64, bool) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -206,7 +230,7 @@ func (l *Limit) limit(key string) (int, bool) {
 			k.first = now
 		}
 		if now.Sub(k.first) < l.ceiling.Per {
-			return l.ceiling.Count, true
+			return float64(l.ceiling.Count), true
 		}
 	}
 	return l.current(k, now), false
@@ -223,7 +247,8 @@ func (l *Limit) Accepted(ctx context.Context, key string) error {
 	return nil
 }
 
-// Rejected records a 429 for key and returns the limit then: the first
+// Rejected records a 429 for key and returns the limit then (as Limit
+// says it): the first
 // of a congestion event decreases it, for every process (see the package
 // documentation). It is RejectedAfter without a Retry-After. Errors are
 // Redis's or ctx's, wrapped as "adaptive: redis: ..."; the limit is then
@@ -245,7 +270,7 @@ func (l *Limit) Rejected(ctx context.Context, key string) (int, error) {
 // more (whole seconds, say) tells nothing, and the whole Per counts.
 // Errors are as Rejected's.
 func (l *Limit) RejectedAfter(ctx context.Context, key string, retryAfter time.Duration) (int, error) {
-	seen := l.Limit(key)
+	seen := l.Calls(key)
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	span := l.ceiling.Per
@@ -257,10 +282,10 @@ func (l *Limit) RejectedAfter(ctx context.Context, key string, retryAfter time.D
 	args = append(args, span.Microseconds())
 	v, err := rejectedScript.Run(ctx, l.client, keys, args...).Int64Slice()
 	if err != nil {
-		return seen, fmt.Errorf("adaptive: redis: %w", err)
+		return int(seen), fmt.Errorf("adaptive: redis: %w", err)
 	}
 	if len(v) != 5 {
-		return seen, fmt.Errorf("adaptive: redis: unexpected reply %v", v)
+		return int(seen), fmt.Errorf("adaptive: redis: unexpected reply %v", v)
 	}
 	l.mu.Lock()
 	k := l.state(key)
@@ -270,7 +295,7 @@ func (l *Limit) RejectedAfter(ctx context.Context, key string, retryAfter time.D
 	if v[4] == 1 && l.replan != nil {
 		l.replan(ctx, key)
 	}
-	return limit, nil
+	return int(limit), nil
 }
 
 // Read reads key's state from Redis now and returns its limit. Errors
@@ -342,19 +367,24 @@ func (l *Limit) state(key string) *keyState {
 	return k
 }
 
-// set records a state read from Redis, under l.mu.
-func (l *Limit) set(k *keyState, limit, estimate, decreased, now int64) {
-	k.limit, k.estimate, k.decreased, k.redisNow, k.fetched = int(limit), int(estimate), decreased, now, time.Now()
-	k.known = k.known || limit >= 0
+// set records a state read from Redis (the limit in thousandths of a
+// call, -1 for none), under l.mu.
+func (l *Limit) set(k *keyState, milliLimit, estimate, decreased, now int64) {
+	k.limit = -1
+	if milliLimit >= 0 {
+		k.limit = float64(milliLimit) / 1000
+	}
+	k.estimate, k.decreased, k.redisNow, k.fetched = int(estimate), decreased, now, time.Now()
+	k.known = k.known || milliLimit >= 0
 }
 
 // current is k's limit at t, under l.mu: the last decrease's, after
 // holdWindows grown by growPerWindow of the estimate per window up to the
 // estimate, then by probeGrowth of it times the square of the windows
-// since it passed the estimate.
-func (l *Limit) current(k *keyState, t time.Time) int {
+// since it passed the estimate; beyond the estimate, in whole calls.
+func (l *Limit) current(k *keyState, t time.Time) float64 {
 	if k.limit < 0 {
-		return l.ceiling.Count
+		return float64(l.ceiling.Count)
 	}
 	per := l.ceiling.Per.Microseconds()
 	windows := float64(k.redisNow+t.Sub(k.fetched).Microseconds()-k.decreased-holdWindows*per) / float64(per)
@@ -369,7 +399,10 @@ func (l *Limit) current(k *keyState, t time.Time) int {
 			c = max(c, e) + probeGrowth*e*past*past
 		}
 	}
-	return max(l.floor, min(l.ceiling.Count, int(c)))
+	if c > float64(k.estimate) {
+		c = max(float64(k.estimate), math.Floor(c))
+	}
+	return max(float64(l.floor), min(float64(l.ceiling.Count), c))
 }
 
 func (l *Limit) perUS() int64 { return l.ceiling.Per.Microseconds() }

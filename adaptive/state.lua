@@ -3,7 +3,8 @@
 -- ARGV[1..3]  limit, estimate, decreased: written back when the state is
 --          missing (lost) and the caller knew it ("" when not).
 -- ARGV[4]  keep: how long the state lives, ms.
--- Returns {limit, estimate, decreased, now}; limit -1 when there is none.
+-- Returns {limit in thousandths of a call, estimate, decreased, now};
+-- limit -1 when there is none.
 local t = redis.call("TIME")
 local now = t[1] * 1000000 + t[2]
 local s = redis.call("HMGET", KEYS[1], "limit", "estimate", "decreased")
@@ -13,6 +14,6 @@ if not s[1] then
 	end
 	redis.call("HSET", KEYS[1], "limit", ARGV[1], "estimate", ARGV[2], "decreased", ARGV[3])
 	redis.call("PEXPIRE", KEYS[1], ARGV[4])
-	return {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now}
+	return {math.floor(tonumber(ARGV[1]) * 1000 + 0.5), tonumber(ARGV[2]), tonumber(ARGV[3]), now}
 end
-return {tonumber(s[1]), tonumber(s[2]) or 0, tonumber(s[3]) or 0, now}
+return {math.floor(tonumber(s[1]) * 1000 + 0.5), tonumber(s[2]) or 0, tonumber(s[3]) or 0, now}

@@ -116,7 +116,7 @@ func startAsynq(ctx context.Context, cfg config, queue string, tenants []string,
 	for i, t := range tenants {
 		a.queueOf[t] = a.queues[i%len(a.queues)]
 	}
-	lim.admitted = rec.admitted
+	lim.admitted, lim.refunded = rec.admitted, rec.refunded
 	gate, err := throttle.NewGate(lim, throttle.WithTracerProvider(tp), throttle.WithMeterProvider(mp), throttle.WithKeyMetrics(nil, maxTenantSeries), throttle.WithReservations(reservations))
 	if err != nil {
 		return nil, err

@@ -41,10 +41,10 @@ const childEnv = "QUEUETHROTTLE_EXAMPLE_WORKER_PROCESS"
 
 // record is one JSON line from a worker process.
 type record struct {
-	Kind   string   `json:"kind"` // "admit", "handle", "ack", "nak", "hold", "term", "given_up", "ready", "metrics", "error" or "done"
+	Kind   string   `json:"kind"` // "admit", "refund", "handle", "ack", "nak", "hold", "term", "given_up", "ready", "metrics", "error" or "done"
 	Tenant string   `json:"tenant,omitempty"`
 	N      int      `json:"n,omitempty"`      // admit: cost units
-	ID     string   `json:"id,omitempty"`     // admit: the admission's identity; ack: the job
+	ID     string   `json:"id,omitempty"`     // admit, refund: the admission's identity; ack: the job
 	Before int64    `json:"before,omitempty"` // admit: clock before the decision, Unix ns
 	After  int64    `json:"after,omitempty"`  // admit: clock after the decision, Unix ns
 	Run    *handled `json:"run,omitempty"`    // handle
@@ -83,6 +83,10 @@ func (w *recordWriter) send(r record) {
 
 func (w *recordWriter) admitted(tenant, id string, n int, before, after time.Time) {
 	w.send(record{Kind: "admit", Tenant: tenant, ID: id, N: n, Before: before.UnixNano(), After: after.UnixNano()})
+}
+
+func (w *recordWriter) refunded(tenant, id string) {
+	w.send(record{Kind: "refund", Tenant: tenant, ID: id})
 }
 
 func (w *recordWriter) handle(h handled) { w.send(record{Kind: "handle", Run: &h}) }
@@ -149,7 +153,7 @@ func workerProcess(ctx context.Context, cfg config, stop <-chan struct{}, out io
 		return err
 	}
 	rw := newRecordWriter(out)
-	lim.admitted = rw.admitted
+	lim.admitted, lim.refunded = rw.admitted, rw.refunded
 	if metricsAddr != "" {
 		rw.send(record{Kind: "metrics", Addr: metricsAddr})
 	}
@@ -417,6 +421,8 @@ func (ps *processes) apply(p *process, r record) {
 	switch r.Kind {
 	case "admit":
 		ps.rec.admitted(r.Tenant, r.ID, r.N, time.Unix(0, r.Before), time.Unix(0, r.After))
+	case "refund":
+		ps.rec.refunded(r.Tenant, r.ID)
 	case "handle":
 		if r.Run != nil {
 			ps.rec.handle(*r.Run)

@@ -239,6 +239,10 @@ type recordingLimiter struct {
 	// rejected, if set, is called for every rejection by id, with whether
 	// it reserved the id's slot (Decision.Reserved).
 	rejected func(id string, reserved bool)
+	// refunded, if set, is called when a refund gave back what id held
+	// (a call the partner answered 429, through the consumers' Backoff):
+	// its admission no longer counts, and the next is charged again.
+	refunded func(key, id string)
 
 	longest atomic.Int64 // ns: the longest decision (see timed)
 }
@@ -294,6 +298,22 @@ func (l *recordingLimiter) Pause(ctx context.Context, key string, d time.Duratio
 		return fmt.Errorf("%w: %T", throttle.ErrCannotPause, l.l)
 	}
 	return p.Pause(ctx, key, d)
+}
+
+// Refund gives back what id holds for key (throttle.Refunder: the
+// consumers' Backoff releases the refused call's admission, so that the
+// message is charged again when it comes back); a limiter that cannot
+// refund holds on to it.
+func (l *recordingLimiter) Refund(ctx context.Context, key string, n int, id string) (bool, error) {
+	r, ok := l.l.(throttle.Refunder)
+	if !ok {
+		return false, nil
+	}
+	held, err := r.Refund(ctx, key, n, id)
+	if held && l.refunded != nil {
+		l.refunded(key, id)
+	}
+	return held, err
 }
 
 // reservedIDs are the ids whose last rejection reserved their slot, until

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
+	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // TestRunPartner: every handler calls the simulated partner once per job.
@@ -106,5 +109,65 @@ func TestParsePartner(t *testing.T) {
 		if _, err := parsePartner(bad[0], bad[1], bad[2]); err == nil || !strings.Contains(err.Error(), "-partner") {
 			t.Errorf("parsePartner(%q): %v, want an error naming the flag", bad, err)
 		}
+	}
+}
+
+// TestBackoffChargesTheRetry: a call the partner answered 429 is given
+// back through the run's limiter (the consumers' Backoff calls
+// Gate.Release, which reaches every part of throttle.All), and its record
+// with it: the message is charged again when it comes back, as the call
+// it then makes. Stopped at the recording wrapper, the retry was admitted
+// free within the window of the refused call, and the partner saw more
+// calls in a second than the limit let through.
+func TestBackoffChargesTheRetry(t *testing.T) {
+	ctx := context.Background()
+	per := time.Minute
+	tenant, err := window.NewMemory(throttle.Rate{Count: 10, Per: per})
+	if err != nil {
+		t.Fatal(err)
+	}
+	partner, err := window.NewMemory(throttle.Rate{Count: 2, Per: per})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := throttle.All(throttle.Part{Limiter: tenant}, throttle.Part{Limiter: partner, Key: func(string) string { return partnerKey }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rec := newRecorder(start, 1)
+	lim := &recordingLimiter{l: all, rate: throttle.Rate{Count: 10, Per: per}, admitted: rec.admitted, refunded: rec.refunded}
+	gate, err := throttle.NewGate(lim, throttle.WithReservations(per))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admit := func(id string) throttle.Decision {
+		t.Helper()
+		d, err := gate.AdmitID(ctx, "acme", 1, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := admit("job-1"); !d.Allowed {
+		t.Fatalf("first call: %+v, want admitted", d)
+	}
+	if err := gate.Release(ctx, "acme", 1, "job-1"); err != nil { // answered 429
+		t.Fatal(err)
+	}
+	if n := len(rec.admits["acme"]); n != 0 {
+		t.Errorf("%d admissions recorded after the release, want 0", n)
+	}
+	if d := admit("job-1"); !d.Allowed || d.AlreadyAdmitted {
+		t.Fatalf("the message back after its 429: %+v, want admitted and charged again", d)
+	}
+	if d := admit("job-2"); !d.Allowed {
+		t.Fatalf("another message: %+v, want admitted (the partner's limit 2 holds job-1's retry and it)", d)
+	}
+	if d := admit("job-3"); d.Allowed {
+		t.Fatalf("a third message: %+v, want rejected (limit 2: the retry was charged)", d)
+	}
+	if n := len(rec.admits["acme"]); n != 2 {
+		t.Errorf("%d admissions recorded, want 2 (the retry and job-2)", n)
 	}
 }

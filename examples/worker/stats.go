@@ -231,6 +231,20 @@ func (r *recorder) admitted(tenant, id string, n int, before, after time.Time) {
 	r.admits[tenant] = append(r.admits[tenant], event{lo: before.Sub(r.start), hi: after.Sub(r.start), n: n, id: id})
 }
 
+// refunded forgets tenant's last admission of id: the limiter gave it
+// back (see recordingLimiter.Refund).
+func (r *recorder) refunded(tenant, id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	evs := r.admits[tenant]
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].id == id {
+			r.admits[tenant] = slices.Delete(evs, i, i+1)
+			return
+		}
+	}
+}
+
 // returned is a NAK or an asynq rejection, at an offset from the start;
 // reserved reports that its decision reserved the message's own slot.
 type returned struct {

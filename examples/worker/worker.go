@@ -203,7 +203,7 @@ func work(ctx context.Context, cfg config, stdout io.Writer) (report, error) {
 	// handler may start a little after its admission (a held message runs
 	// on its own goroutine), which can bunch handler starts beyond the
 	// limit while the admissions respect it.
-	lim.admitted = rec.admitted
+	lim.admitted, lim.refunded = rec.admitted, rec.refunded
 	rec.rateOf = rateOf
 	rec.weightOf = jf.weight
 	rec.horizon = cfg.Reservations
