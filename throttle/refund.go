@@ -6,7 +6,11 @@ import "context"
 // so that the limiter is as if it had never been made. [All] uses it to
 // keep a request that one of its parts rejects from consuming the room of
 // the others. window.Memory, window.Redis, bucket.Local and bucket.Redis
-// have it.
+// have it. A limiter of yours that wraps one (to record or meter its
+// decisions) should pass Refund on: the consumers' Backoff gives back a
+// refused call through it (Gate.Release), and without it the message's
+// next delivery is admitted again free (AllowID: its id's units are still
+// counted), so its call goes to the partner uncounted.
 //
 // An admission is named by the id it was made with (IDLimiter.AllowID):
 // a refund takes back that request's units and never another's, and
