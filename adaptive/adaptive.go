@@ -188,8 +188,7 @@ func NewRedis(client redis.Scripter, ceiling throttle.Rate, floor int, opts ...O
 func (l *Limit) Quota(key string) throttle.Quota {
 	c, paced := l.limit(key)
 	if paced {
-		n := l.ceiling.Count
-		return throttle.Quota{Rate: throttle.Rate{Count: n / l.split, Per: l.ceiling.Per / time.Duration(l.split)}}
+		return throttle.Quota{Rate: throttle.Rate{Count: l.ceiling.Count / l.split, Per: l.ceiling.Per / time.Duration(l.split)}}
 	}
 	n := math.Ceil(c)
 	if n == c {
@@ -248,11 +247,10 @@ func (l *Limit) Accepted(ctx context.Context, key string) error {
 }
 
 // Rejected records a 429 for key and returns the limit then (as Limit
-// says it): the first
-// of a congestion event decreases it, for every process (see the package
-// documentation). It is RejectedAfter without a Retry-After. Errors are
-// Redis's or ctx's, wrapped as "adaptive: redis: ..."; the limit is then
-// unchanged.
+// says it): the first of a congestion event decreases it, for every
+// process (see the package documentation). It is RejectedAfter without a
+// Retry-After. Errors are Redis's or ctx's, wrapped as "adaptive: redis:
+// ..."; the limit is then unchanged.
 func (l *Limit) Rejected(ctx context.Context, key string) (int, error) {
 	return l.RejectedAfter(ctx, key, 0)
 }
