@@ -167,7 +167,9 @@
 // replica that lacked it. Admitting on the empty set would let a second
 // limit's worth through within one window. [Redis] remembers, per key
 // (up to 100,000 keys), until when the set must hold a unit it saw
-// admitted (the script's instant plus the reply's reset), and passes it
+// admitted (the script's instant plus the reply's reset, at most a
+// window: reservations ahead are a schedule, and their loss needs no
+// pause beyond the one window), and passes it
 // with every script call for the key; window.lua answers with its instant,
 // so this costs no extra round trip. A set gone before then, with the key
 // not paused, was lost: the script pauses the key until now + Per, in the

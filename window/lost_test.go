@@ -134,3 +134,51 @@ func checkLossNeverOverAdmits(t *testing.T, srv *redistest.Server, deciders []fu
 		t.Fatalf("only %d admitted in 4.35 s: recovery should cost about a window per loss, not the run", len(admitted))
 	}
 }
+
+// TestRedisLostScheduleOnePause: a FLUSHALL that takes a key's reservations
+// with its units pauses the key for one window, not until the last of
+// the lost reservations: an admission proves that its own unit exists for
+// a window, and reservations are a schedule, not admissions that may
+// count unseen. (Before, a claim's reply, whose reset counts the
+// reservations ahead, made every decision until the last of them find
+// the key lost again: a partner key stood still for 6 s after a flush.)
+func TestRedisLostScheduleOnePause(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	per := 400 * time.Millisecond // b's unit still counts at the flush's first decision, even on a loaded machine
+	l := newLostTestRedis(t, newLostTestClient(t, srv), freshPrefix(), throttle.Rate{Count: 1, Per: per})
+	allowID := func(id string) throttle.Decision {
+		t.Helper()
+		d, err := l.AllowID(ctx, "k", 1, id, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := allowID("a"); !d.Allowed {
+		t.Fatalf("first: %+v, want admitted", d)
+	}
+	var slotB time.Duration
+	for i, id := range []string{"b", "c", "d", "e", "f"} {
+		d := allowID(id)
+		if d.Allowed || !d.Reserved {
+			t.Fatalf("%s: %+v, want a reservation", id, d)
+		}
+		if i == 0 {
+			slotB = d.RetryAfter
+		}
+	}
+	time.Sleep(slotB + 5*time.Millisecond)
+	if d := allowID("b"); !d.Allowed {
+		t.Fatalf("b at its slot: %+v, want admitted", d)
+	}
+	srv.FlushAll(t)
+	d, err := l.Allow(ctx, "k")
+	if err != nil || d.Allowed {
+		t.Fatalf("right after the flush: %+v, %v; want rejected (lost: paused for a window)", d, err)
+	}
+	time.Sleep(per + 20*time.Millisecond)
+	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("a window after the flush: %+v, %v; want admitted (b's unit has left; the reservations lost were no admissions)", d, err)
+	}
+}

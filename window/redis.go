@@ -272,7 +272,7 @@ func (l *Redis) decide(ctx context.Context, key string, n int, member string, ho
 
 // request checks a decision's input and builds it, with key's quota.
 func (l *Redis) request(key string, n int, member string, horizon any) (request, error) {
-	r := request{argWin: l.argWin, argLimit: l.argLimit, limit: l.rate.Count, argN: argOne, n: n, member: member, horizon: horizon}
+	r := request{argWin: l.argWin, argLimit: l.argLimit, win: l.rate.PerMicros(), limit: l.rate.Count, argN: argOne, n: n, member: member, horizon: horizon}
 	// The key, its pause and schedule keys and AllowN's fresh member, in
 	// one allocation: the schedule key starts with the pause key, which
 	// starts with the key.
@@ -296,7 +296,7 @@ func (l *Redis) request(key string, n int, member string, horizon any) (request,
 			if err := redisopt.CheckExact("quota Rate.Count", int64(q.Count)); err != nil {
 				return r, blocked.Invalid("window", key, err)
 			}
-			r.argWin, r.argLimit, r.limit = strconv.FormatInt(q.PerMicros(), 10), strconv.Itoa(q.Count), q.Count
+			r.argWin, r.argLimit, r.win, r.limit = strconv.FormatInt(q.PerMicros(), 10), strconv.Itoa(q.Count), q.PerMicros(), q.Count
 		}
 	}
 	if err := throttle.CheckCost(n, r.limit); err != nil {

@@ -22,6 +22,7 @@ type request struct {
 	hint     string // and of its schedule (see window.lua)
 	argWin   any    // window, µs, and limit: the key's quota, as strings
 	argLimit any
+	win      int64 // and as numbers
 	limit    int
 	argN     any
 	n        int
