@@ -53,6 +53,7 @@ type Memory struct {
 	// shardKeys is the most keys a shard holds (WithMaxKeys / 32).
 	shardKeys int
 	refused   atomic.Int64
+	spaced    bool // WithSpacedReservations
 }
 
 type memoryShard struct {
@@ -78,7 +79,7 @@ func NewMemory(r throttle.Rate, opts ...Option) (*Memory, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Memory{rate: r, quotas: cfg.quotas, window: r.PerMicros(), clock: cfg.clock, seed: maphash.MakeSeed(), shardKeys: cfg.maxKeys / memoryShards}
+	m := &Memory{rate: r, quotas: cfg.quotas, window: r.PerMicros(), clock: cfg.clock, seed: maphash.MakeSeed(), shardKeys: cfg.maxKeys / memoryShards, spaced: cfg.spaced}
 	if m.clock == nil {
 		m.clock = throttle.SystemClock
 	}
@@ -205,7 +206,7 @@ func (m *Memory) decide(key string, n int, id string, withID bool, horizon, afte
 		s.logs[key] = l
 		s.peak = max(s.peak, len(s.logs))
 	}
-	return l.decide(now, n, id, withID, horizon, after, limits{limit: r.Count, window: window, nominal: perUS}), nil
+	return l.decide(now, n, id, withID, horizon, after, limits{limit: r.Count, window: window, nominal: perUS, spaced: m.spaced}), nil
 }
 
 // Len reports how many keys the window holds state for.

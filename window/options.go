@@ -29,6 +29,8 @@ type config struct {
 	serverLocal throttle.Clock
 	// oneKeyPerCall: WithOneKeyPerCall.
 	oneKeyPerCall bool
+	// spaced: WithSpacedReservations.
+	spaced bool
 }
 
 const (
@@ -160,6 +162,28 @@ func WithTimeout(d time.Duration) Option {
 			return err
 		}
 		cfg.timeout = d
+		return nil
+	})
+}
+
+// WithSpacedReservations makes the reservations of a key no earlier than
+// the key's last reservation plus their share of the window (Per/Count a
+// unit): a backlog served through reservations (AllowID,
+// natsthrottle.ConsumeByKey, asynqthrottle with reservations) is served
+// evenly. Without it each reservation takes the earliest instant with
+// room, so the units admitted together (after a pause, or a burst) leave
+// the window together, and the reservations that take their room come
+// together too, window after window: a sliding window repeats the bunches
+// a disturbance left, and a partner that counts per second sees uneven
+// seconds. With it a bunch is spread within a window. The pace is the
+// limit's, so no throughput is lost to it while a backlog lasts; a
+// request admitted at once (room now) is not delayed, and a reservation
+// is no longer placed in a gap before the last one. Redis and Memory
+// alike. Processes with and without it can share a key: each places its
+// own reservations, and every window stays within the limit either way.
+func WithSpacedReservations() Option {
+	return optionFunc(func(cfg *config) error {
+		cfg.spaced = true
 		return nil
 	})
 }

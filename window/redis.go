@@ -77,6 +77,7 @@ type Redis struct {
 	rt       *deadline.RoundTrip // bounds each call: timeout + one round trip
 	argWin   any                 // precomputed ARGV strings, boxed once
 	argLimit any
+	spaced   bool // WithSpacedReservations
 	member   memberSource
 	quotas   throttle.QuotaFunc
 	batch    *coalesce.Batcher[request, throttle.Decision]
@@ -156,6 +157,7 @@ func NewRedis(c redis.Scripter, r throttle.Rate, opts ...Option) (*Redis, error)
 	if cfg.oneKeyPerCall {
 		l.calls.OneKeyPerCall()
 	}
+	l.spaced = cfg.spaced
 	l.batch = coalesce.New(l.rt.Shared(), maxBatch, l.one, l.many).WithUnits(func(r request) int { return r.n }, maxUnits)
 	if err := l.member.init(); err != nil {
 		return nil, fmt.Errorf("window: member id: %w", err)

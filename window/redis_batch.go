@@ -56,6 +56,9 @@ var (
 	argNumKeys     = [...]any{3: "3", 4: "4"} // numkeys of a lone call, boxed once
 	argTime    any = ""                       // now: the server's TIME
 	argExact   any = "0"
+	// ARGV[2] with WithSpacedReservations: exact, or not (see clockArgs).
+	argExactSpaced   any = "0s"
+	argInexactSpaced any = "1s"
 )
 
 // argsPool holds the argument slices of lone calls (one allocation less
@@ -242,16 +245,20 @@ func (l *Redis) keys(args []any, r request) []any {
 }
 
 // clockArgs appends window.lua's ARGV[1] to ARGV[3]: now ("" for the
-// server's TIME), whether the reading was inexact, and the instant after
-// which the script must apply nothing.
+// server's TIME), whether the reading was inexact (with an "s" after it
+// for WithSpacedReservations), and the instant after which the script
+// must apply nothing.
 func (l *Redis) clockArgs(ctx context.Context, args []any) []any {
+	exact, inexact := argExact, argOne
+	if l.spaced {
+		exact, inexact = argExactSpaced, argInexactSpaced
+	}
 	if l.clock == nil {
-		return append(args, argTime, argExact, l.expiry(ctx))
+		return append(args, argTime, exact, l.expiry(ctx))
 	}
 	now, slack := instant(l.clock.Now(), 0)
-	inexact := argExact
-	if slack != 0 {
-		inexact = argOne
+	if slack == 0 {
+		inexact = exact
 	}
 	// A client clock: the script does not read TIME, so it cannot tell
 	// that it runs late.

@@ -329,6 +329,7 @@ func (l *windowLog) kthUnit(from int64, k int) int64 {
 type limits struct {
 	limit           int
 	window, nominal int64
+	spaced          bool // WithSpacedReservations
 }
 
 // decide is the algorithm at the instant now (µs) for a request of cost n
@@ -375,6 +376,11 @@ func (l *windowLog) decide(now int64, n int, id string, withID bool, horizon, af
 	}
 	slot := now + after
 	if l.units+n > limit {
+		if last := l.newest(); lim.spaced && withID && last > now {
+			// WithSpacedReservations: after the last reservation, by the
+			// share of the window of n units.
+			slot = max(slot, last+int64(n)*window/int64(limit))
+		}
 		slot = l.slot(now, slot, n, limit, window)
 	}
 	if slot == now {

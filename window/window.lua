@@ -25,7 +25,10 @@
 --          so that admissions never move backwards; "" for the server's
 --          TIME rounded up (and the window one µs longer).
 -- ARGV[2]  "1": the client's reading had a part below the µs (ARGV[1] is
---          rounded up), so the window is one µs longer; else "0".
+--          rounded up), so the window is one µs longer; else "0". With
+--          an "s" after it ("0s", "1s"): WithSpacedReservations, a
+--          reservation no earlier than the key's last one plus the share
+--          of the window of its units (window * n / limit, rounded down).
 -- ARGV[3]  with the server's TIME: an instant, µs, after which the script
 --          applies nothing and returns {-1, now}: its caller has given up
 --          (Redis was slow or stalled), and an admission nobody knows of
@@ -748,6 +751,12 @@ local function decideKey(s, a, g)
 		local start = now + delay
 		local tail = start
 		if count + n > limit then
+			if spaced and withID then
+				local last = newestScore(key, now)
+				if last > now then
+					start = math.max(start, last + math.floor(n * window / limit))
+				end
+			end
 			tail = math.max(start, kth(now - window, count + n - limit) + window)
 		end
 		local slot = tail

@@ -7,6 +7,7 @@
 -- window.lua's.
 
 local clientClock = ARGV[1] ~= ""
+local spaced = #ARGV[2] > 1 -- "0s" or "1s": WithSpacedReservations
 local stride = 3 -- keys per window key
 local now0, slack
 local nowString -- with the server's TIME: now0 formatted
@@ -14,8 +15,8 @@ if clientClock then
 	stride = 4
 	now0 = tonumber(ARGV[1])
 	slack = 0
-	if ARGV[2] == "1" then
-		slack = 1 -- the reading lay between two µs (see instant)
+	if string.byte(ARGV[2]) == 49 then -- "1": the reading lay between two µs (see instant)
+		slack = 1
 	end
 else
 	-- TIME truncates to the µs: the real instant lies in [t, t+1µs), so

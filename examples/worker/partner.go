@@ -86,13 +86,15 @@ func parsePartner(budget, quota, after string) (partnerSettings, error) {
 // Redis; with it, a window in Redis under prefix whose limit adapts to the
 // partner's 429s (adaptive.Limit, its state beside it, for every process),
 // starting at -partner and never below a hundredth of it. Its window is
-// guarded (see guarded).
+// guarded (see guarded), and its reservations spaced
+// (window.WithSpacedReservations): the calls a pause or a quota change
+// bunched are spread within a window, not repeated window after window.
 func newPartnerLimit(ps partnerSettings, rc *redis.Client, prefix string, timeout time.Duration) (throttle.Limiter, *adaptive.Limit, error) {
 	if ps.Budget.Count == 0 {
 		return nil, nil, nil
 	}
 	if rc == nil {
-		l, err := window.NewMemory(guarded(ps.Budget))
+		l, err := window.NewMemory(guarded(ps.Budget), window.WithSpacedReservations())
 		return l, nil, err
 	}
 	var l *window.Redis
@@ -100,7 +102,7 @@ func newPartnerLimit(ps partnerSettings, rc *redis.Client, prefix string, timeou
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err = window.NewRedis(rc, guarded(ps.Budget), window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout), window.WithQuotas(ad.Quota))
+	l, err = window.NewRedis(rc, guarded(ps.Budget), window.WithPrefix(prefix+"partner:"), window.WithTimeout(timeout), window.WithQuotas(ad.Quota), window.WithSpacedReservations())
 	return l, ad, err
 }
 
