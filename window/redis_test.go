@@ -45,12 +45,12 @@ func newClockedRedis(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Op
 	return newTestRedis(t, c, r, append(opts, WithClock(clock))...), clock
 }
 
-// newTwins returns a Memory and a Redis of r on one fake clock, at T0:
-// the same limiter twice, for tests that compare their decisions.
-func newTwins(t *testing.T, c redis.Scripter, r throttle.Rate) (*Memory, *Redis, *throttletest.Clock) {
+// newTwins returns a Memory and a Redis of r with opts on one fake clock,
+// at T0: the same limiter twice, for tests that compare their decisions.
+func newTwins(t *testing.T, c redis.Scripter, r throttle.Rate, opts ...Option) (*Memory, *Redis, *throttletest.Clock) {
 	t.Helper()
-	red, clock := newClockedRedis(t, c, r)
-	mem, err := NewMemory(r, WithClock(clock))
+	red, clock := newClockedRedis(t, c, r, opts...)
+	mem, err := NewMemory(r, append(opts, WithClock(clock))...)
 	if err != nil {
 		t.Fatal(err)
 	}

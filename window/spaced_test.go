@@ -18,52 +18,36 @@ import (
 // Memory and Redis alike, on a fake clock.
 func TestSpacedReservations(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
-	r := throttle.Rate{Count: 4, Per: time.Second}
-	for name, build := range map[string]func(c throttle.Clock, opts ...Option) throttle.IDLimiter{
-		"Memory": func(c throttle.Clock, opts ...Option) throttle.IDLimiter {
-			m, err := NewMemory(r, append(opts, WithClock(c))...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return m
-		},
-		"Redis": func(c throttle.Clock, opts ...Option) throttle.IDLimiter {
-			return newTestRedis(t, client, r, append(opts, WithClock(c))...)
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			for _, spaced := range []bool{false, true} {
-				clock := throttletest.NewClock(throttletest.T0)
-				var opts []Option
-				if spaced {
-					opts = append(opts, WithSpacedReservations())
-				}
-				l := build(clock, opts...)
-				want := func(id string, n int, allowed bool, retry time.Duration) {
-					t.Helper()
-					d, err := l.AllowID(ctx, "k", n, id, time.Minute)
-					if err != nil || d.Allowed != allowed || (!allowed && (!d.Reserved || d.RetryAfter != retry)) {
-						t.Fatalf("spaced %v: %s at %v: %+v, %v; want allowed %v, reserved in %v", spaced, id, clock.Now().Sub(throttletest.T0), d, err, allowed, retry)
-					}
-				}
-				for _, id := range []string{"a", "b", "c", "d"} {
-					want(id, 1, true, 0)
-				}
-				slots := []time.Duration{1000, 1000, 1000, 1000, 2000}
-				if spaced {
-					slots = []time.Duration{1000, 1250, 1500, 1750, 2000}
-				}
-				for i, id := range []string{"e", "f", "g", "h", "i"} {
-					want(id, 1, false, slots[i]*time.Millisecond)
-				}
-				clock.Advance(time.Second)
-				want("e", 1, true, 0) // its slot: claimed
-				want("f", 1, !spaced, (slots[1]-1000)*time.Millisecond)
-				if spaced {
-					want("j", 2, false, 1500*time.Millisecond) // after i (T0+2s), by half a second
+	ctx := context.Background()
+	for _, spaced := range []bool{false, true} {
+		var opts []Option
+		slots := []time.Duration{1000, 1000, 1000, 1000, 2000}
+		if spaced {
+			opts = append(opts, WithSpacedReservations())
+			slots = []time.Duration{1000, 1250, 1500, 1750, 2000}
+		}
+		mem, red, clock := newTwins(t, client, throttle.Rate{Count: 4, Per: time.Second}, opts...)
+		for name, l := range map[string]throttle.IDLimiter{"Memory": mem, "Redis": red} {
+			clock.Set(throttletest.T0)
+			want := func(id string, n int, allowed bool, retry time.Duration) {
+				t.Helper()
+				d, err := l.AllowID(ctx, "k", n, id, time.Minute)
+				if err != nil || d.Allowed != allowed || (!allowed && (!d.Reserved || d.RetryAfter != retry)) {
+					t.Fatalf("%s, spaced %v: %s at %v: %+v, %v; want allowed %v, reserved in %v", name, spaced, id, clock.Now().Sub(throttletest.T0), d, err, allowed, retry)
 				}
 			}
-		})
+			for _, id := range []string{"a", "b", "c", "d"} {
+				want(id, 1, true, 0)
+			}
+			for i, id := range []string{"e", "f", "g", "h", "i"} {
+				want(id, 1, false, slots[i]*time.Millisecond)
+			}
+			clock.Advance(time.Second)
+			want("e", 1, true, 0) // its slot: claimed
+			want("f", 1, !spaced, (slots[1]-1000)*time.Millisecond)
+			if spaced {
+				want("j", 2, false, 1500*time.Millisecond) // after i (T0+2s), by half a second
+			}
+		}
 	}
 }
