@@ -62,7 +62,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 				b.Fatal(err)
 			}
 			if script != nil {
-				l.calls.Script = script
+				l.calls.Script, l.wholeArgs = script, true
 			}
 			return func(ctx context.Context, key string) error {
 				_, err := l.Allow(ctx, key)

@@ -90,10 +90,19 @@
 // "A<i>:<id>" for admitted and "R<i>:<id>" for reserved units) scored by
 // their instant in microseconds: the admission, or the reserved slot. A
 // Lua script (window.lua, run with EVALSHA and reloaded on NOSCRIPT)
-// drops the members that left the window, counts the rest and, if n more
-// fit, adds n members and extends the key's expiry to cover its newest
-// member; a rejection of AllowN, or of AllowID beyond its horizon, adds
-// nothing and does not renew the expiry.
+// counts the members in the window and, if n more fit, adds n members
+// and makes sure the key's expiry covers its newest member; a rejection
+// of AllowN, or of AllowID beyond its horizon, adds nothing and does not
+// renew the expiry. On a plain key (no pause, no reservation, the
+// server's clock) an AllowN that fits is one ZCOUNT and one ZADD: the set
+// also holds an expiry marker (the member "~e", scored below every unit
+// at minus the instant, in ms, the key is known to live until), rounded
+// up to the next half window, and the expiry (PEXPIREAT) and the drop of
+// the members that left the window are written only when the marker
+// moves, at most twice a window. Other decisions drop the members that
+// left the window (the marker with them) before they count. Processes on
+// earlier versions drop the marker the same way and keep their own
+// expiry, so both decide correctly on the same keys.
 //
 // Decisions are coalesced (group commit): a call that finds no other in
 // flight goes at once, alone; while calls are in flight, the decisions
@@ -114,7 +123,8 @@
 // requests one after another at one instant, with exactly the results of
 // the same calls made one by one then. A flush whose requests all fit
 // (AllowN, and AllowID with new ids) takes a fast path: one ZMSCORE for
-// the ids, one ZADD and one PEXPIRE per key; a lone AllowID on a key with
+// the ids, one ZADD and one PEXPIRE per key (plain keys: see above); a
+// lone AllowID on a key with
 // no reservation in its last window and 10 s (its schedule, a second key
 // of the slot, says so) needs no ZMSCORE: its ZADD NX tells whether the
 // id is known. That relies on the schedule living as long as its
@@ -263,8 +273,10 @@
 // members (a listpack, the zset-max-listpack-entries default; 36.7 with
 // the 20-byte members of earlier versions, which a key may hold beside
 // these during a rolling upgrade: both count alike), about 120-130 bytes
-// per member above that (a skiplist). Keys expire one window after their last admission, so
-// an idle key costs nothing. [Memory] holds at most Count entries per key
+// per member above that (a skiplist), and one member more per key, the
+// expiry marker. Keys expire one window to a window and a half after
+// their last admission (the marker's rounding), so an idle key costs
+// nothing; a busy key holds at most a window and a half of units. [Memory] holds at most Count entries per key
 // and window up to its furthest reservation (fewer when admissions share a
 // microsecond), forgets a key only once its log is empty (on decisions,
 // and every JanitorPeriod without them), and holds at most WithMaxKeys

@@ -29,11 +29,17 @@ import (
 //go:embed window.lua
 var windowLua string
 
-// windowHeadLua is the start of window.lua's script, before the preludes:
-// a lone AllowN decides there, before any function is made.
+// windowHeadLua is the start of window.lua's script: the instant, and the
+// keys' schedules and pauses.
 //
 //go:embed window_head.lua
 var windowHeadLua string
+
+// plainLua follows unitsLua in window.lua's script: the call's leading
+// plain keys decided before the rest of the script is built.
+//
+//go:embed plain.lua
+var plainLua string
 
 // unitsLua is the prelude of window.lua and joint.lua: unit members, their
 // ZADDs, the newest score and exclusive score bounds.
@@ -42,14 +48,15 @@ var windowHeadLua string
 var unitsLua string
 
 // windowScript is run with EVALSHA, and reloaded with EVAL on NOSCRIPT.
-var windowScript = redisscript.New(windowHeadLua + redisscript.GroupedLua + unitsLua + windowLua)
+var windowScript = redisscript.New(windowHeadLua + unitsLua + plainLua + redisscript.GroupedLua + windowLua)
 
 // Redis is a sliding window log kept in Redis: one sorted set per key whose
 // members are the admitted units, scored by their admission time in
-// microseconds. A Lua script drops the members that left the window,
-// counts the rest and, only if count + n <= Count, adds n members at the
-// current instant and sets the key to expire after Per. A rejection adds
-// nothing and does not renew the expiry. Concurrent decisions are
+// microseconds. A Lua script counts the members in the window and, only
+// if count + n <= Count, adds n members at the current instant, the key
+// expiring one Per to one and a half after it (see the package
+// documentation: the expiry marker). A rejection adds nothing and does
+// not renew the expiry. Concurrent decisions are
 // coalesced: while a call is in flight, the others queue and go together,
 // one script call per key (see the package documentation).
 //
@@ -78,9 +85,13 @@ type Redis struct {
 	argWin   any                 // precomputed ARGV strings, boxed once
 	argLimit any
 	spaced   bool // WithSpacedReservations
-	member   memberSource
-	quotas   throttle.QuotaFunc
-	batch    *coalesce.Batcher[request, throttle.Decision]
+	// wholeArgs: send a lone AllowN of cost 1 in the whole form, not the
+	// short one (see window.lua), for the scripts of earlier versions that
+	// tests run in its place.
+	wholeArgs bool
+	member    memberSource
+	quotas    throttle.QuotaFunc
+	batch     *coalesce.Batcher[request, throttle.Decision]
 	// calls sends a flush: one script call for every key on a
 	// *redis.Client, one per hash slot on a *redis.ClusterClient, one per
 	// key on a *redis.Ring or any other client and with WithOneKeyPerCall,

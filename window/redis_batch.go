@@ -73,7 +73,12 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	buf := argsPool.Get().(*[]any)
 	args := l.calls.Script.Start((*buf)[:0])
 	args = l.keys(append(args, argNumKeys[l.keysPerWindow()]), r)
-	args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, l.held.Arg(r.key), argOne, r.argN, r.member, r.horizon)
+	if l.clock == nil && r.n == 1 && r.horizon == argAllowN && !l.wholeArgs {
+		// The short form of a lone AllowN (see window_head.lua).
+		args = append(args, l.expiry(ctx), r.argWin, r.argLimit, l.held.Arg(r.key), r.member)
+	} else {
+		args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, l.held.Arg(r.key), argOne, r.argN, r.member, r.horizon)
+	}
 	defer func() { // the command is done with its arguments
 		clear(args)
 		*buf = args[:0]

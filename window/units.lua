@@ -41,11 +41,14 @@ local function excl(x)
 end
 
 -- newestScore returns the score of key's newest unit, or none when the set
--- is empty.
+-- holds none (the expiry marker of plain.lua, scored below 0, is no unit).
 local function newestScore(key, none)
 	local top = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")[2]
 	if top then
-		return tonumber(top)
+		top = tonumber(top)
+		if top > 0 then
+			return top
+		end
 	end
 	return none
 end

@@ -30,7 +30,7 @@ func TestRollingUpgradeF017374(t *testing.T) {
 			t.Fatal(err)
 		}
 		if script != nil {
-			l.calls.Script = script
+			l.calls.Script, l.wholeArgs = script, true
 		}
 		return l
 	}

@@ -9,7 +9,8 @@
 -- KEYS[1]  the key's sorted set: one member per unit, scored by its
 --          instant in µs since the Unix epoch: admitted units at the
 --          instant they were admitted, reserved units at their future
---          slot. A unit at t counts during [t, t+window).
+--          slot. A unit at t counts during [t, t+window). Beside them, the
+--          expiry marker "~e", scored below 0 (see plain.lua).
 -- KEYS[2]  the key's schedule (a string key in the same slot):
 --          "N T c limit window". N, an instant in µs, is no earlier than
 --          every reserved unit (0: none); only reservations lie after
@@ -50,6 +51,8 @@
 --              or, for AllowIDAfter, "H>A": horizon H and a slot no
 --              earlier than now + A µs (A >= 1), which never admits now
 --              and gives up a reservation the id holds before then.
+--   A call of one AllowN of cost 1 on the server's clock may come in a
+--   short form (see window_head.lua).
 --
 -- For each request: units count while score > now - window; they are
 -- dropped once score <= now - window - grace (grace: AllowID's horizon, at
@@ -98,10 +101,9 @@
 -- as the one before it (a rejection of AllowN writes nothing).
 --
 -- The script starts with window_head.lua (the instant, the schedules and
--- pauses of the keys, and a lone AllowN decided at once), then the
--- preludes, then this file.
-
-local out = {} -- three integers per request, key after key
+-- pauses of the keys), units.lua, plain.lua (the leading plain keys
+-- decided, and the expiry marker "~e" of their sets), grouped.lua, then
+-- this file.
 
 -- str returns x (an integer) as a decimal string, formatted once per
 -- script call: a number argument of redis.call would be formatted anew by
@@ -129,88 +131,13 @@ local function newestAfter(key, bound, now)
 	return math.max(newestScore(key, now), now)
 end
 
--- plainKey holds, per window argument of the call (ARGV strings are
--- interned), {window, drop bound, expiry ms}: tonumber and string.format
--- cost about as much as a redis.call each, and every key of a call
--- usually shares them.
-local plainWindows, plainLimits = {}, {}
-
--- plain decides the requests of a plain key: no schedule and no pause
--- (KEYS[2] and KEYS[3] are missing), the server's clock and AllowN
--- requests only (horizon -1), the most calls' whole work. It does what
--- the fast path of decideKey does for such a key, with no closure, no
--- table per request and no tonumber that the values of the call already
--- gave. It returns nil when it decided every request, else the count of
--- the set (the units out of the window dropped) when they do not all fit
--- now, or false when it did nothing.
-local function plain(s, a)
-	local first, last = a + 4, a + 3 + 3 * (ARGV[a + 3] == "1" and 1 or tonumber(ARGV[a + 3]))
-	local total = 0
-	for i = first, last, 3 do
-		if ARGV[i + 2] ~= "-1" then
-			return false
-		end
-		if ARGV[i] == "1" then
-			total = total + 1
-		else
-			total = total + tonumber(ARGV[i])
-		end
-	end
-	local w = plainWindows[ARGV[a]]
-	if not w then
-		local nominal = tonumber(ARGV[a])
-		local window = nominal + slack
-		w = {nominal, str(now0 - window), str(math.ceil(window / 1000))}
-		plainWindows[ARGV[a]] = w
-	end
-	local limit = plainLimits[ARGV[a + 1]]
-	if not limit then
-		limit = tonumber(ARGV[a + 1])
-		plainLimits[ARGV[a + 1]] = limit
-	end
-	local key = KEYS[s + 1]
-	local count = counted
-	if not count then
-		redis.call("ZREMRANGEBYSCORE", key, "-inf", w[2])
-		count = redis.call("ZCARD", key)
-	end
-	if count == 0 and ARGV[a + 2] ~= "0" and tonumber(ARGV[a + 2]) > now0 then
-		return false -- lost? (see decideKey)
-	end
-	if count + total > limit then
-		return count
-	end
-	local o, held = #out, count
-	if last == first + 2 and total == 1 then -- one request of one unit: no table
-		redis.call("ZADD", key, str(now0), ARGV[first + 1])
-		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
-	else
-		local members = {}
-		for i = first, last, 3 do
-			local n = 1
-			if ARGV[i] ~= "1" then
-				n = tonumber(ARGV[i])
-			end
-			for j = 1, n do
-				members[#members + 1] = unitName(nil, j, n, ARGV[i + 1])
-			end
-			held = held + n
-			putReply(out, o, true, limit - held, 0, w[1], false)
-			o = o + 3
-		end
-		addUnits(key, str(now0), members)
-	end
-	if not (count == 0 and redis.call("PEXPIRE", key, w[3], "NX") == 1) then
-		redis.call("PEXPIRE", key, w[3], "GT")
-	end
-	return nil
-end
-
 -- decideKey decides the requests of the key whose KEYS start after s and
 -- whose ARGV start at a; g is its place among the keys (from 1).
 local function decideKey(s, a, g)
-	local known = false -- the set's count, AllowN's view, when plain found it
-	if not clientClock and not got[2 * g - 1] and not got[2 * g] then
+	local known = false -- the count of units in the window, when plain found it
+	if g == stopKey then
+		known = stopCount -- plain.lua's loop tried it (or found it not plain)
+	elseif not clientClock and not got[2 * g - 1] and not got[2 * g] then
 		known = plain(s, a)
 		if known == nil then
 			return
@@ -868,9 +795,9 @@ local function decideKey(s, a, g)
 	write()
 end
 
--- The keys one after another (eachKey: internal/redisscript/grouped.lua):
--- ARGV from 4, four header arguments per key, three per request, three
--- integers per reply; then now.
-local reply = eachKey(out, stride, 4, 4, 3, 3, decideKey)
+-- The keys one after another from the first plain.lua left (eachKey:
+-- internal/redisscript/grouped.lua): four header arguments per key, three
+-- per request, three integers per reply; then now.
+local reply = eachKey(out, stride, stopArg, 4, 3, 3, decideKey, (stopKey - 1) * stride)
 reply[#reply + 1] = now0
 return reply

@@ -1,13 +1,16 @@
--- window_head.lua: the start of window.lua's script, sent before the
--- preludes (grouped.lua, units.lua) and window.lua itself: the instant,
--- the keys' schedules and pauses, and a lone AllowN of one unit on a
--- plain key decided at once, before the script makes its functions and
--- tables (making them took about 5% of such a call's instructions in
--- Redis). KEYS, ARGV and the reply: see window.lua. The locals below are
--- window.lua's.
+-- window_head.lua: the start of window.lua's script, sent before
+-- units.lua, plain.lua, grouped.lua and window.lua itself: the instant,
+-- and the keys' schedules and pauses. KEYS, ARGV and the reply: see
+-- window.lua. The locals below are window.lua's.
 
-local clientClock = ARGV[1] ~= ""
-local spaced = #ARGV[2] > 1 -- "0s" or "1s": WithSpacedReservations
+-- A lone AllowN of one unit on the server's clock comes in a short form,
+-- five arguments fewer for Redis to read: ARGV = ARGV[3] to ARGV[6] and
+-- the member of the whole form (see window.lua), whose ARGV[1] and
+-- ARGV[2] are "" and "0", and m, n and horizon 1, 1 and -1. The rest of
+-- the script, after the lone path below, reads the whole form.
+local short = #ARGV == 5
+local clientClock = not short and ARGV[1] ~= ""
+local spaced = not short and #ARGV[2] > 1 -- "0s" or "1s": WithSpacedReservations
 local stride = 3 -- keys per window key
 local now0, slack
 local nowString -- with the server's TIME: now0 formatted
@@ -29,7 +32,7 @@ else
 	-- same digits, so the longer or, as long, the greater string is the
 	-- later instant): a tonumber costs about as much.
 	nowString = string.format("%d", now0)
-	local e = ARGV[3]
+	local e = ARGV[short and 1 or 3]
 	if e ~= "" and (#nowString > #e or #nowString == #e and nowString > e) then
 		return {-1, now0}
 	end
@@ -48,25 +51,35 @@ else
 	got = redis.call("MGET", unpack(names))
 end
 
--- A lone AllowN of one unit on a plain key (see plain in window.lua), decided
--- before any function or table of the batch is made: the most calls
--- made one at a time. counted is the set's count when the unit does not
--- fit (plain then starts from it), else nil.
+-- A lone AllowN of one unit on a plain key (see plain in plain.lua, and
+-- its expiry marker), decided before any function or table is made: the
+-- most calls made one at a time. counted is the set's count of units in
+-- the window when the unit does not fit (plain.lua's loop starts from
+-- it), else nil.
 local counted
-if #KEYS == 3 and not clientClock and not got[1] and not got[2] and ARGV[7] == "1" and ARGV[8] == "1" and ARGV[10] == "-1" then
-	local key, nominal = KEYS[1], tonumber(ARGV[4])
-	redis.call("ZREMRANGEBYSCORE", key, "-inf", string.format("%d", now0 - nominal - slack))
-	local count = redis.call("ZCARD", key)
-	local limit = tonumber(ARGV[5])
-	if count + 1 <= limit and not (count == 0 and ARGV[6] ~= "0" and tonumber(ARGV[6]) > now0) then
-		redis.call("ZADD", key, nowString, ARGV[9])
-		local ms = string.format("%d", math.ceil((nominal + slack) / 1000))
-		if not (count == 0 and redis.call("PEXPIRE", key, ms, "NX") == 1) then
-			redis.call("PEXPIRE", key, ms, "GT")
+if short then
+	if not got[1] and not got[2] then
+		local key, nominal = KEYS[1], tonumber(ARGV[2])
+		local window = nominal + slack
+		local count = redis.call("ZCOUNT", key, string.format("(%d", now0 - window), "+inf")
+		local limit = tonumber(ARGV[3])
+		if count + 1 <= limit and not (count == 0 and ARGV[4] ~= "0" and tonumber(ARGV[4]) > now0) then
+			local half = math.ceil(window / 2000) -- E as plain.lua's
+			local e = (math.floor(math.ceil((now0 + window) / 1000) / half) + 1) * half
+			if redis.call("ZADD", key, "LT", "CH", string.format("-%d", e), "~e", nowString, ARGV[5]) == 2 then
+				redis.call("ZREMRANGEBYSCORE", key, "0", string.format("%d", now0 - window))
+				e = string.format("%d", e)
+				if not (count == 0 and redis.call("PEXPIREAT", key, e, "NX") == 1) then
+					redis.call("PEXPIREAT", key, e, "GT")
+				end
+			end
+			return {limit - count, 0, nominal, now0}
 		end
-		return {limit - count, 0, nominal, now0}
+		if count ~= 0 then -- (0: maybe lost; decideKey looks)
+			counted = count
+		end
 	end
-	if count ~= 0 then -- (0: maybe lost; decideKey looks)
-		counted = count
-	end
+	-- The whole form, from the last argument down.
+	ARGV[10], ARGV[9], ARGV[8], ARGV[7] = "-1", ARGV[5], "1", "1"
+	ARGV[6], ARGV[5], ARGV[4], ARGV[3], ARGV[2], ARGV[1] = ARGV[4], ARGV[3], ARGV[2], ARGV[1], "0", ""
 end

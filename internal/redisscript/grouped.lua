@@ -5,16 +5,19 @@
 -- key header arguments, the last of them m (its number of requests), then
 -- m requests of perRequest arguments each. decide(s, a, g) decides the
 -- key whose KEYS start after s and whose ARGV start at a, g being its
--- place (from 1), appending replies integers per request to out.
+-- place (from 1), appending replies integers per request to out. from
+-- (optional, 0 when nil) is where in KEYS to start: the keys before it
+-- were decided already, their replies in out, and a is then the first
+-- argument of the key at from.
 --
 -- With several keys, a key whose commands fail (a key of another type
 -- under the prefix, say) fails alone: its replies are zeros and its place
 -- is listed after every reply, for the caller to send it again by itself
 -- (and get the error). A script must fail at a key's first command, before
 -- anything of the key is written. With one key, an error fails the call.
-local function eachKey(out, stride, a, header, perRequest, replies, decide)
+local function eachKey(out, stride, a, header, perRequest, replies, decide, from)
 	local failed = {}
-	for s = 0, #KEYS - 1, stride do
+	for s = from or 0, #KEYS - 1, stride do
 		local g = s / stride + 1
 		local m = tonumber(ARGV[a + header - 1])
 		if #KEYS == stride then

@@ -1,0 +1,132 @@
+-- plain.lua: the plain keys of window.lua's script (see plain below),
+-- sent after window_head.lua (which decides a lone AllowN of one unit
+-- itself, before any function is made) and units.lua: the call's leading
+-- plain keys are decided here, before the script makes the functions and
+-- tables of grouped.lua and window.lua, and window.lua decides the later
+-- ones with the same function.
+--
+-- The expiry marker: a plain key's set holds, beside its units, the member
+-- "~e" (no unit's: AllowN members start with a byte >= 0x80, AllowID's
+-- with "A" or "R") scored at -E, E being an instant in ms until which the
+-- key is known to live (its PEXPIREAT). Units only ever need the key to
+-- live until the newest of them leaves the window, so an admission at now
+-- needs E >= now + window: while it holds, the admission writes no expiry
+-- and drops no unit (units out of the window are not counted, and are
+-- dropped when E moves, at most every half window, which bounds the set to
+-- a window and a half of units). E is rounded up to the next half window so
+-- that a busy key moves it only that often: one ZADD of the units and the
+-- marker (LT CH: it moves only forward, and says whether it did) is then
+-- most decisions' only write. Its score is below every unit's, so a drop
+-- from -inf (every other path of window.lua, joint.lua, and the scripts of
+-- earlier versions) takes it too, and the next plain decision puts it back
+-- with the key's expiry. Scores counted from 0 skip it.
+
+local out = {} -- three integers per request, key after key (see window.lua)
+
+-- plainWindows holds, per window argument of the call (ARGV strings are
+-- interned), {window, "(" .. the count's bound, the drop's bound, the
+-- marker's score, E}: tonumber and string.format cost about as much as a
+-- redis.call each, and the keys of a call usually share them.
+local plainWindows, plainLimits = {}, {}
+
+-- plain decides the requests of a plain key: no schedule and no pause
+-- (KEYS[2] and KEYS[3] are missing), the server's clock, and AllowN
+-- requests only (horizon -1): the most calls' whole work, done without a
+-- closure or a table per request. It returns nil when it decided every
+-- request, else the count of units in the window when they do not all fit
+-- now, or false when it did nothing (a request of another kind, a set that
+-- may be lost, or an error on the key, which window.lua's path meets again
+-- at its first command, before it writes anything).
+local function plain(s, a)
+	local first, last = a + 4, a + 3 + 3 * (ARGV[a + 3] == "1" and 1 or tonumber(ARGV[a + 3]))
+	local total = 0
+	for i = first, last, 3 do
+		if ARGV[i + 2] ~= "-1" then
+			return false
+		end
+		if ARGV[i] == "1" then
+			total = total + 1
+		else
+			total = total + tonumber(ARGV[i])
+		end
+	end
+	local w = plainWindows[ARGV[a]]
+	if not w then
+		local nominal = tonumber(ARGV[a])
+		local window = nominal + slack
+		local half = math.ceil(window / 2000) -- ms (window >= 1 µs)
+		local e = (math.floor(math.ceil((now0 + window) / 1000) / half) + 1) * half
+		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("-%d", e), string.format("%d", e)}
+		plainWindows[ARGV[a]] = w
+	end
+	local limit = plainLimits[ARGV[a + 1]]
+	if not limit then
+		limit = tonumber(ARGV[a + 1])
+		plainLimits[ARGV[a + 1]] = limit
+	end
+	local key = KEYS[s + 1]
+	local count = redis.pcall("ZCOUNT", key, w[2], "+inf")
+	if type(count) ~= "number" then
+		return false
+	end
+	if count == 0 and ARGV[a + 2] ~= "0" and tonumber(ARGV[a + 2]) > now0 then
+		return false -- lost? (see decideKey)
+	end
+	if count + total > limit then
+		return count
+	end
+	local o = #out
+	local moved
+	if last == first + 2 and total == 1 then -- one request of one unit: no table
+		moved = redis.call("ZADD", key, "LT", "CH", w[4], "~e", nowString, ARGV[first + 1]) == 2
+		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
+	else
+		local members, held = {}, count
+		for i = first, last, 3 do
+			local n = 1
+			if ARGV[i] ~= "1" then
+				n = tonumber(ARGV[i])
+			end
+			for j = 1, n do
+				members[#members + 1] = unitName(nil, j, n, ARGV[i + 1])
+			end
+			held = held + n
+			putReply(out, o, true, limit - held, 0, w[1], false)
+			o = o + 3
+		end
+		addUnits(key, nowString, members)
+		moved = redis.call("ZADD", key, "LT", "CH", w[4], "~e") == 1
+	end
+	if moved then
+		redis.call("ZREMRANGEBYSCORE", key, "0", w[3])
+		if not (count == 0 and redis.call("PEXPIREAT", key, w[5], "NX") == 1) then
+			redis.call("PEXPIREAT", key, w[5], "GT")
+		end
+	end
+	return nil
+end
+
+-- The call's leading plain keys. stopKey is the place (from 1) of the
+-- first key left to window.lua, and stopArg its first argument; stopCount
+-- what plain returned for it (false: not plain, or not tried).
+local stopKey, stopArg, stopCount = 1, 4, false
+if counted then
+	stopCount = counted -- window_head.lua's lone call, which does not fit
+elseif not clientClock then
+	for s = 0, #KEYS - 1, stride do
+		local g = s / stride + 1
+		if got[2 * g - 1] or got[2 * g] then
+			break
+		end
+		local r = plain(s, stopArg)
+		if r ~= nil then
+			stopCount = r
+			break
+		end
+		stopKey, stopArg = g + 1, stopArg + 4 + 3 * tonumber(ARGV[stopArg + 3])
+	end
+	if stopKey > #KEYS / stride then
+		out[#out + 1] = now0
+		return out
+	end
+end
