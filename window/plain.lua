@@ -54,8 +54,12 @@ local function plain(s, a)
 	if not w then
 		local nominal = tonumber(ARGV[a])
 		local window = nominal + slack
-		local half = math.ceil(window / 2000) -- ms (window >= 1 µs)
-		local e = (math.floor(math.ceil((now0 + window) / 1000) / half) + 1) * half
+		-- E: the ms the key must live to (now + window, rounded up), then
+		-- up to the next multiple of half a window (in ms, rounded up: >= 1);
+		-- with % for math.ceil and math.floor, which cost a call each.
+		local half, need = window + 1999, now0 + window + 999
+		half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
+		local e = need - need % half + half
 		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("-%d", e), string.format("%d", e)}
 		plainWindows[ARGV[a]] = w
 	end
@@ -123,7 +127,8 @@ elseif not clientClock then
 			stopCount = r
 			break
 		end
-		stopKey, stopArg = g + 1, stopArg + 4 + 3 * tonumber(ARGV[stopArg + 3])
+		local m = ARGV[stopArg + 3]
+		stopKey, stopArg = g + 1, stopArg + 4 + 3 * (m == "1" and 1 or tonumber(m))
 	end
 	if stopKey > #KEYS / stride then
 		out[#out + 1] = now0

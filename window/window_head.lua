@@ -64,8 +64,9 @@ if short then
 		local count = redis.call("ZCOUNT", key, string.format("(%d", now0 - window), "+inf")
 		local limit = tonumber(ARGV[3])
 		if count + 1 <= limit and not (count == 0 and ARGV[4] ~= "0" and tonumber(ARGV[4]) > now0) then
-			local half = math.ceil(window / 2000) -- E as plain.lua's
-			local e = (math.floor(math.ceil((now0 + window) / 1000) / half) + 1) * half
+			local half, need = window + 1999, now0 + window + 999 -- E as plain.lua's
+			half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
+			local e = need - need % half + half
 			if redis.call("ZADD", key, "LT", "CH", string.format("-%d", e), "~e", nowString, ARGV[5]) == 2 then
 				redis.call("ZREMRANGEBYSCORE", key, "0", string.format("%d", now0 - window))
 				e = string.format("%d", e)
