@@ -95,13 +95,16 @@
 // of AllowN, or of AllowID beyond its horizon, adds nothing and does not
 // renew the expiry. On a plain key (no pause, no reservation, the
 // server's clock) an AllowN that fits is one ZCOUNT and one ZADD: the set
-// also holds an expiry marker (the member "~e", scored below every unit
-// at minus the instant, in ms, the key is known to live until), rounded
-// up to the next half window, and the expiry (PEXPIREAT) and the drop of
-// the members that left the window are written only when the marker
-// moves, at most twice a window. Other decisions drop the members that
-// left the window (the marker with them) before they count. Processes on
-// earlier versions drop the marker the same way and keep their own
+// also holds an expiry marker (the member "~e" and the window in µs,
+// scored below every unit at E - 2^53, E being the instant, in ms, the
+// key is known to live until), rounded up to the next half window, and
+// the expiry (PEXPIREAT) and the drop of the members that left the window
+// are written only when the marker moves, at most twice a window. A call
+// run twice (a client's retry) moves its unit to the later instant and
+// still tells whether the marker moved; a window that shrinks has a
+// marker of its own. Other decisions drop the members that left the
+// window (the markers with them) before they count. Processes on
+// earlier versions drop the markers the same way and keep their own
 // expiry, so both decide correctly on the same keys.
 //
 // Decisions are coalesced (group commit): a call that finds no other in
@@ -191,7 +194,10 @@
 //
 // What a loss can still cost: a process that has not seen an admission on
 // the key within the last window cannot tell (after a restart of every
-// process, say), and a partial loss (a failover to a replica behind by a
+// process, say), nor can its calls already on their way when the loss
+// took an admission whose reply had not come back yet (up to that
+// admission's units again: Count + 1 once, with FLUSHALL every 600 ms
+// under a flood of 24 goroutines), and a partial loss (a failover to a replica behind by a
 // few writes, appendfsync everysec) leaves a set that is not empty, so it
 // is not seen either: up to the units lost may be admitted again. Bound
 // that with persistence (appendfsync always) or, for failovers, with

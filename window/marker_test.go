@@ -2,6 +2,8 @@ package window
 
 import (
 	"context"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,10 +44,8 @@ func TestRedisExpiryMarker(t *testing.T) {
 		if need := (newest + window + 999) / 1000; expires < need {
 			t.Fatalf("%s: %s expires at %d ms, before its newest unit leaves the window (%d ms)", step, key, expires, need)
 		}
-		if marker, err := client.ZScore(ctx, key, "~e").Result(); err == nil && expires < int64(-marker) {
-			t.Fatalf("%s: %s expires at %d ms, before its marker's %d ms", step, key, expires, int64(-marker))
-		} else if err != nil && err != redis.Nil {
-			t.Fatal(err)
+		if e, ok := markerOf(ctx, t, client, key, rate); ok && expires < e {
+			t.Fatalf("%s: %s expires at %d ms, before its marker's %d ms", step, key, expires, e)
 		}
 		if oldest < newest-window-window/2-1000 {
 			t.Fatalf("%s: %s holds a unit at %d µs, more than a window and a half before its newest at %d", step, key, oldest, newest)
@@ -99,4 +99,114 @@ func TestRedisExpiryMarker(t *testing.T) {
 		check("steady", cur.key("steady"))
 		time.Sleep(rate.Per / 2)
 	}
+}
+
+// markerOf returns the instant (ms) key's expiry marker for rate's window
+// says the key lives until (see plain.lua), and whether there is one.
+func markerOf(ctx context.Context, t *testing.T, client *redis.Client, key string, rate throttle.Rate) (int64, bool) {
+	t.Helper()
+	score, err := client.ZScore(ctx, key, "~e"+strconv.FormatInt(rate.PerMicros(), 10)).Result()
+	if err == redis.Nil {
+		return 0, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(score) + 1<<53, true
+}
+
+// checkExpiry fails t unless key lives until its newest unit leaves the
+// window (on the server's clock: a µs longer).
+func checkExpiry(ctx context.Context, t *testing.T, client *redis.Client, key string, rate throttle.Rate) {
+	t.Helper()
+	units := unitsOf(ctx, client, key)
+	if len(units) == 0 {
+		t.Fatalf("no unit in %s", key)
+	}
+	newest := int64(units[len(units)-1].Score)
+	expires := client.PExpireTime(ctx, key).Val().Milliseconds()
+	if need := (newest + rate.PerMicros() + 1 + 999) / 1000; expires < need {
+		t.Fatalf("%s expires at %d ms, before its newest unit leaves the window (%d ms)", key, expires, need)
+	}
+}
+
+// replayHook runs every EVALSHA a second time after delay, as a client
+// that sends a call again (go-redis retries after a connection error)
+// when its first run may have been applied.
+type replayHook struct{ delay time.Duration }
+
+func (replayHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := next(ctx, cmd); err != nil || cmd.Name() != "evalsha" {
+			return err
+		}
+		time.Sleep(h.delay)
+		return next(ctx, cmd)
+	}
+}
+
+func (replayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRedisExpiryMarkerReplayedCall: a lone AllowN run twice (the second
+// run over half a window later, so that its marker moves while its unit
+// is already in the set) still writes the expiry, and the admissions
+// after it, which do not move the marker, stay covered: the key never
+// expires while a unit counts.
+func TestRedisExpiryMarkerReplayedCall(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	replaying := redis.NewClient(client.Options())
+	t.Cleanup(func() { replaying.Close() })
+	replaying.AddHook(replayHook{delay: 210 * time.Millisecond})
+	ctx := context.Background()
+	rate := throttle.Rate{Count: 5, Per: 400 * time.Millisecond}
+	twice := newTestRedis(t, replaying, rate)
+	once := newTestRedis(t, client, rate, WithPrefix(twice.prefix))
+	if d, err := twice.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("replayed Allow: %+v, %v", d, err)
+	}
+	checkExpiry(ctx, t, client, twice.key("k"), rate)
+	for i := range 3 {
+		time.Sleep(40 * time.Millisecond)
+		if d, err := once.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow %d: %+v, %v", i, d, err)
+		}
+		checkExpiry(ctx, t, client, twice.key("k"), rate)
+	}
+}
+
+// TestRedisExpiryMarkerWindowShrinks: a busy key whose quota's window
+// shrinks from 10 s to 200 ms keeps a window and a half of the new window
+// in its set (a marker of its own per window), not the old window's.
+func TestRedisExpiryMarkerWindowShrinks(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	long, short := throttle.Rate{Count: 1000, Per: 10 * time.Second}, throttle.Rate{Count: 1000, Per: 200 * time.Millisecond}
+	var shrunk atomic.Bool
+	l := newTestRedis(t, client, long, WithQuotas(func(string) throttle.Quota {
+		if shrunk.Load() {
+			return throttle.Quota{Rate: short}
+		}
+		return throttle.Quota{Rate: long}
+	}))
+	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	shrunk.Store(true)
+	end := time.Now().Add(3 * short.Per)
+	for time.Now().Before(end) {
+		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	units := unitsOf(ctx, client, l.key("k"))
+	oldest, newest := int64(units[0].Score), int64(units[len(units)-1].Score)
+	if span := newest - oldest; span > short.PerMicros()*3/2+1000 {
+		t.Fatalf("the set spans %d µs of units (%d of them) after the window shrank to %v: want at most a window and a half", span, len(units), short.Per)
+	}
+	checkExpiry(ctx, t, client, l.key("k"), short)
 }

@@ -6,27 +6,34 @@
 -- ones with the same function.
 --
 -- The expiry marker: a plain key's set holds, beside its units, the member
--- "~e" (no unit's: AllowN members start with a byte >= 0x80, AllowID's
--- with "A" or "R") scored at -E, E being an instant in ms until which the
--- key is known to live (its PEXPIREAT). Units only ever need the key to
--- live until the newest of them leaves the window, so an admission at now
--- needs E >= now + window: while it holds, the admission writes no expiry
--- and drops no unit (units out of the window are not counted, and are
--- dropped when E moves, at most every half window, which bounds the set to
--- a window and a half of units). E is rounded up to the next half window so
--- that a busy key moves it only that often: one ZADD of the units and the
--- marker (LT CH: it moves only forward, and says whether it did) is then
--- most decisions' only write. Its score is below every unit's, so a drop
--- from -inf (every other path of window.lua, joint.lua, and the scripts of
--- earlier versions) takes it too, and the next plain decision puts it back
--- with the key's expiry. Scores counted from 0 skip it.
+-- "~e" followed by the window argument (no unit's: AllowN members start
+-- with a byte >= 0x80, AllowID's with "A" or "R") scored at E - 2^53, E
+-- being an instant in ms until which the key is known to live (its
+-- PEXPIREAT). Units only ever need the key to live until the newest of
+-- them leaves the window, so an admission at now needs E >= now + window:
+-- while it holds, the admission writes no expiry and drops no unit (units
+-- out of the window are not counted, and are dropped when E moves, at
+-- most every half window, which bounds the set to a window and a half of
+-- units). E is rounded up to the next half window so that a busy key
+-- moves it only that often: one ZADD of the units and the marker is then
+-- most decisions' only write. GT CH: the marker moves only forward, and
+-- each member it names counts 1 in the reply when added or moved, the
+-- unit too when its call runs again (a client's retry moves it later,
+-- which never admits more), so a reply of 2 says the marker moved. A
+-- marker of its own per window: after a quota's window shrinks, the old
+-- marker's E would hold for up to a window and a half of the old window,
+-- and the set would keep that much. The score is below 0, below every
+-- unit's, so a drop from -inf (every other path of window.lua, joint.lua,
+-- and the scripts of earlier versions) takes the markers too, and the
+-- next plain decision puts its own back with the key's expiry. Scores
+-- counted from 0 skip them.
 
 local out = {} -- three integers per request, key after key (see window.lua)
 
 -- plainWindows holds, per window argument of the call (ARGV strings are
 -- interned), {window, "(" .. the count's bound, the drop's bound, the
--- marker's score, E}: tonumber and string.format cost about as much as a
--- redis.call each, and the keys of a call usually share them.
+-- marker's score, E, the marker}: tonumber and string.format cost about
+-- as much as a redis.call each, and the keys of a call usually share them.
 local plainWindows, plainLimits = {}, {}
 
 -- plain decides the requests of a plain key: no schedule and no pause
@@ -60,7 +67,7 @@ local function plain(s, a)
 		local half, need = window + 1999, now0 + window + 999
 		half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
 		local e = need - need % half + half
-		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("-%d", e), string.format("%d", e)}
+		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("%d", e - 9007199254740992), string.format("%d", e), "~e" .. ARGV[a]}
 		plainWindows[ARGV[a]] = w
 	end
 	local limit = plainLimits[ARGV[a + 1]]
@@ -82,7 +89,7 @@ local function plain(s, a)
 	local o = #out
 	local moved
 	if last == first + 2 and total == 1 then -- one request of one unit: no table
-		moved = redis.call("ZADD", key, "LT", "CH", w[4], "~e", nowString, ARGV[first + 1]) == 2
+		moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6], nowString, ARGV[first + 1]) == 2
 		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
 	else
 		local members, held = {}, count
@@ -99,7 +106,7 @@ local function plain(s, a)
 			o = o + 3
 		end
 		addUnits(key, nowString, members)
-		moved = redis.call("ZADD", key, "LT", "CH", w[4], "~e") == 1
+		moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6]) == 1
 	end
 	if moved then
 		redis.call("ZREMRANGEBYSCORE", key, "0", w[3])

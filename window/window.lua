@@ -9,8 +9,8 @@
 -- KEYS[1]  the key's sorted set: one member per unit, scored by its
 --          instant in µs since the Unix epoch: admitted units at the
 --          instant they were admitted, reserved units at their future
---          slot. A unit at t counts during [t, t+window). Beside them, the
---          expiry marker "~e", scored below 0 (see plain.lua).
+--          slot. A unit at t counts during [t, t+window). Beside them, an
+--          expiry marker "~e<window>", scored below 0 (see plain.lua).
 -- KEYS[2]  the key's schedule (a string key in the same slot):
 --          "N T c limit window". N, an instant in µs, is no earlier than
 --          every reserved unit (0: none); only reservations lie after
@@ -102,7 +102,7 @@
 --
 -- The script starts with window_head.lua (the instant, the schedules and
 -- pauses of the keys), units.lua, plain.lua (the leading plain keys
--- decided, and the expiry marker "~e" of their sets), grouped.lua, then
+-- decided, and the expiry markers of their sets), grouped.lua, then
 -- this file.
 
 -- str returns x (an integer) as a decimal string, formatted once per

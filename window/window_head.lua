@@ -59,15 +59,15 @@ end
 local counted
 if short then
 	if not got[1] and not got[2] then
-		local key, nominal = KEYS[1], tonumber(ARGV[2])
+		local key, nominal = KEYS[1], ARGV[2] + 0 -- (+ 0: a tonumber without the call)
 		local window = nominal + slack
 		local count = redis.call("ZCOUNT", key, string.format("(%d", now0 - window), "+inf")
-		local limit = tonumber(ARGV[3])
+		local limit = ARGV[3] + 0
 		if count + 1 <= limit and not (count == 0 and ARGV[4] ~= "0" and tonumber(ARGV[4]) > now0) then
 			local half, need = window + 1999, now0 + window + 999 -- E as plain.lua's
 			half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
 			local e = need - need % half + half
-			if redis.call("ZADD", key, "LT", "CH", string.format("-%d", e), "~e", nowString, ARGV[5]) == 2 then
+			if redis.call("ZADD", key, "GT", "CH", string.format("%d", e - 9007199254740992), "~e" .. ARGV[2], nowString, ARGV[5]) == 2 then
 				redis.call("ZREMRANGEBYSCORE", key, "0", string.format("%d", now0 - window))
 				e = string.format("%d", e)
 				if not (count == 0 and redis.call("PEXPIREAT", key, e, "NX") == 1) then
