@@ -194,10 +194,10 @@
 //
 // What a loss can still cost: a process that has not seen an admission on
 // the key within the last window cannot tell (after a restart of every
-// process, say), nor can its calls already on their way when the loss
-// took an admission whose reply had not come back yet (up to that
-// admission's units again: Count + 1 once, with FLUSHALL every 600 ms
-// under a flood of 24 goroutines), and a partial loss (a failover to a replica behind by a
+// process, say), nor can its calls already on their way when the loss took
+// an admission whose reply had not come back yet (up to that admission's
+// units again: Count + 1 once, with FLUSHALL every 600 ms under a flood of
+// 24 goroutines), and a partial loss (a failover to a replica behind by a
 // few writes, appendfsync everysec) leaves a set that is not empty, so it
 // is not seen either: up to the units lost may be admitted again. Bound
 // that with persistence (appendfsync always) or, for failovers, with
@@ -279,15 +279,16 @@
 // members (a listpack, the zset-max-listpack-entries default; 36.7 with
 // the 20-byte members of earlier versions, which a key may hold beside
 // these during a rolling upgrade: both count alike), about 120-130 bytes
-// per member above that (a skiplist), and one member more per key, the
-// expiry marker. Keys expire one window to a window and a half after
-// their last admission (the marker's rounding), so an idle key costs
-// nothing; a busy key holds at most a window and a half of units. [Memory] holds at most Count entries per key
-// and window up to its furthest reservation (fewer when admissions share a
-// microsecond), forgets a key only once its log is empty (on decisions,
-// and every JanitorPeriod without them), and holds at most WithMaxKeys
-// keys (default DefaultMaxKeys): a new key beyond them is refused with
-// throttle.ErrTooManyKeys, never by resetting a key that still counts.
+// per member above that (a skiplist), and the expiry marker, one member
+// per window the key was decided under. Keys expire one window to a window and a half after their
+// last admission (the marker's rounding), so an idle key costs nothing; a
+// busy key holds at most a window and a half of units. [Memory] holds at
+// most Count entries per key and window up to its furthest reservation
+// (fewer when admissions share a microsecond), forgets a key only once its
+// log is empty (on decisions, and every JanitorPeriod without them), and
+// holds at most WithMaxKeys keys (default DefaultMaxKeys): a new key
+// beyond them is refused with throttle.ErrTooManyKeys, never by resetting
+// a key that still counts.
 //
 // Reservations are units too: a key holds at most Count units per window
 // up to its furthest reservation (horizon / Per + 1 windows of them).
