@@ -90,20 +90,22 @@
 // "A<i>:<id>" for admitted and "R<i>:<id>" for reserved units) scored by
 // their instant in microseconds: the admission, or the reserved slot. A
 // Lua script (window.lua, run with EVALSHA and reloaded on NOSCRIPT)
-// counts the members in the window and, if n more fit, adds n members
-// and makes sure the key's expiry covers its newest member; a rejection
-// of AllowN, or of AllowID beyond its horizon, adds nothing and does not
-// renew the expiry. On a plain key (no pause, no reservation, the
-// server's clock) an AllowN that fits is one ZCOUNT and one ZADD: the set
-// also holds an expiry marker (the member "~e" and the window in µs,
-// scored below every unit at E - 2^53, E being the instant, in ms, the
-// key is known to live until), rounded up to the next half window, and
-// the expiry (PEXPIREAT) and the drop of the members that left the window
-// are written only when the marker moves, at most twice a window. A call
-// run twice (a client's retry) moves its unit to the later instant and
-// still tells whether the marker moved; a window that shrinks has a
-// marker of its own. Other decisions drop the members that left the
-// window (the markers with them) before they count. Processes on
+// counts the members in the window and, if n more fit, adds n members and
+// makes sure the key's expiry covers its newest member; a rejection of
+// AllowN, or of AllowID beyond its horizon, adds nothing and does not
+// renew the expiry. On a plain key (no pause, no reservation, the server's
+// clock) an AllowN that fits is one ZCOUNT and one ZADD: the set also
+// holds an expiry marker (the member "~e" and the window in µs, scored
+// below every unit at E - 2^53, E being the instant, in ms, the key is
+// known to live until), rounded up to the next half window, and the expiry
+// (PEXPIREAT) and the drop of the members that left the window are written
+// only when the marker moves, at most twice a window. A call run twice (a
+// client's retry) moves its unit to the later instant and still tells
+// whether the marker moved; a window that shrinks has a marker of its own,
+// and a marker that moves drops the others (with the members that left the
+// window) and is written back, so a key keeps one even when its window
+// changes at every decision. Other decisions drop the members that left
+// the window (the markers with them) before they count. Processes on
 // earlier versions drop the markers the same way and keep their own
 // expiry, so both decide correctly on the same keys.
 //

@@ -208,3 +208,27 @@ func TestRedisExpiryMarkerWindowShrinks(t *testing.T) {
 	}
 	checkExpiry(ctx, t, client, l.key("k"), short)
 }
+
+// TestRedisExpiryMarkersBounded: a key whose window changes at every
+// decision (as adaptive.Limit's fractions of a call make it) keeps a
+// single marker: a marker that moves drops the others.
+func TestRedisExpiryMarkersBounded(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	base := throttle.Rate{Count: 100000, Per: 200 * time.Millisecond}
+	var per atomic.Int64
+	per.Store(int64(base.Per))
+	l := newTestRedis(t, client, base, WithQuotas(func(string) throttle.Quota {
+		return throttle.Quota{Rate: throttle.Rate{Count: base.Count, Per: time.Duration(per.Load())}}
+	}))
+	for i := range 600 {
+		per.Store(int64(base.Per) + int64(i%300)*int64(time.Microsecond))
+		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow %d: %+v, %v", i, d, err)
+		}
+	}
+	markers := client.ZCount(ctx, l.key("k"), "-inf", "(0").Val()
+	if markers > 1 {
+		t.Fatalf("%d expiry markers after 600 decisions under as many windows: want them dropped as markers move", markers)
+	}
+}

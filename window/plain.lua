@@ -22,7 +22,13 @@
 -- which never admits more), so a reply of 2 says the marker moved. A
 -- marker of its own per window: after a quota's window shrinks, the old
 -- marker's E would hold for up to a window and a half of the old window,
--- and the set would keep that much. The score is below 0, below every
+-- and the set would keep that much. When a marker moves, the drop of the
+-- units that left the window starts from -inf and takes every marker,
+-- and the moved one is written back (a marker dropped is only written
+-- again, and the key's expiry, only ever raised, stays at least its E),
+-- so a key holds one after each move, even when its window changes at
+-- every decision (adaptive's fractions of a call). The score is below 0,
+-- below every
 -- unit's, so a drop from -inf (every other path of window.lua, joint.lua,
 -- and the scripts of earlier versions) takes the markers too, and the
 -- next plain decision puts its own back with the key's expiry. Scores
@@ -109,7 +115,8 @@ local function plain(s, a)
 		moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6]) == 1
 	end
 	if moved then
-		redis.call("ZREMRANGEBYSCORE", key, "0", w[3])
+		redis.call("ZREMRANGEBYSCORE", key, "-inf", w[3]) -- every marker, and the units that left the window
+		redis.call("ZADD", key, w[4], w[6])
 		if not (count == 0 and redis.call("PEXPIREAT", key, w[5], "NX") == 1) then
 			redis.call("PEXPIREAT", key, w[5], "GT")
 		end

@@ -67,8 +67,10 @@ if short then
 			local half, need = window + 1999, now0 + window + 999 -- E as plain.lua's
 			half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
 			local e = need - need % half + half
-			if redis.call("ZADD", key, "GT", "CH", string.format("%d", e - 9007199254740992), "~e" .. ARGV[2], nowString, ARGV[5]) == 2 then
-				redis.call("ZREMRANGEBYSCORE", key, "0", string.format("%d", now0 - window))
+			local score, marker = string.format("%d", e - 9007199254740992), "~e" .. ARGV[2]
+			if redis.call("ZADD", key, "GT", "CH", score, marker, nowString, ARGV[5]) == 2 then
+				redis.call("ZREMRANGEBYSCORE", key, "-inf", string.format("%d", now0 - window))
+				redis.call("ZADD", key, score, marker)
 				e = string.format("%d", e)
 				if not (count == 0 and redis.call("PEXPIREAT", key, e, "NX") == 1) then
 					redis.call("PEXPIREAT", key, e, "GT")
