@@ -192,7 +192,9 @@
 // the request as paused. Whenever the loss happened, the units before it
 // have left by then; nothing beyond the limit is admitted. A brand-new
 // key (a fresh deploy, a first message) is not a loss and costs nothing:
-// only a process that saw the key admit recently can tell.
+// only a process that saw the key admit recently can tell. Nor is a set
+// whose units all left a window that shrank since (a quota changed): it
+// still holds them, or its expiry marker, when the script looks.
 //
 // What a loss can still cost: a process that has not seen an admission on
 // the key within the last window cannot tell (after a restart of every

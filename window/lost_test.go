@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,5 +181,31 @@ func TestRedisLostScheduleOnePause(t *testing.T) {
 	time.Sleep(per + 20*time.Millisecond)
 	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
 		t.Fatalf("a window after the flush: %+v, %v; want admitted (b's unit has left; the reservations lost were no admissions)", d, err)
+	}
+}
+
+// TestRedisShrunkWindowNotLost: a quota's window that shrinks below the
+// age of the key's last admission is not a lost set. The process still
+// holds that unit's old bound (now + the old window), the unit is out of
+// the new window, and the set still exists: the decision is admitted, not
+// paused as after a loss.
+func TestRedisShrunkWindowNotLost(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	long, short := throttle.Rate{Count: 1000, Per: 500 * time.Millisecond}, throttle.Rate{Count: 1000, Per: 100 * time.Millisecond}
+	var shrunk atomic.Bool
+	l := newTestRedis(t, client, long, WithQuotas(func(string) throttle.Quota {
+		if shrunk.Load() {
+			return throttle.Quota{Rate: short}
+		}
+		return throttle.Quota{Rate: long}
+	}))
+	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	shrunk.Store(true)
+	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow after the window shrank under the last admission's age: %+v, %v; want admitted, not paused as lost", d, err)
 	}
 }

@@ -202,7 +202,7 @@ local function decideKey(s, a, g)
 	end
 
 	-- Lost (see "Lost sets" above): the set holds no unit while held says
-	-- one counts. The fast path's count tells; else one EXISTS does.
+	-- one counts. The fast path's count and drop tell; else one EXISTS does.
 	local suspect = held > now
 	local function lose()
 		pausedUntil = now + window
@@ -280,7 +280,7 @@ local function decideKey(s, a, g)
 			end
 		end
 		if fast then
-			redis.call("ZREMRANGEBYSCORE", key, "-inf", str(now - window - grace))
+			local dropped = redis.call("ZREMRANGEBYSCORE", key, "-inf", str(now - window - grace))
 			local count
 			if grace == 0 then
 				count = redis.call("ZCARD", key)
@@ -288,7 +288,10 @@ local function decideKey(s, a, g)
 			else
 				count = redis.call("ZCOUNT", key, "(" .. str(now - window), "+inf")
 			end
-			if suspect and count == 0 then
+			-- A set that held members, units out of this window or markers,
+			-- was not lost: held may reach beyond this window when the
+			-- quota's window shrank since the unit it knows of.
+			if suspect and count == 0 and dropped == 0 then
 				lose()
 				return
 			end
