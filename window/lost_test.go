@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,19 +191,12 @@ func TestRedisLostScheduleOnePause(t *testing.T) {
 func TestRedisShrunkWindowNotLost(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	ctx := context.Background()
-	long, short := throttle.Rate{Count: 1000, Per: 500 * time.Millisecond}, throttle.Rate{Count: 1000, Per: 100 * time.Millisecond}
-	var shrunk atomic.Bool
-	l := newTestRedis(t, client, long, WithQuotas(func(string) throttle.Quota {
-		if shrunk.Load() {
-			return throttle.Quota{Rate: short}
-		}
-		return throttle.Quota{Rate: long}
-	}))
+	l, shrink := newShrinkingRedis(t, client, throttle.Rate{Count: 1000, Per: 500 * time.Millisecond}, throttle.Rate{Count: 1000, Per: 100 * time.Millisecond})
 	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
 		t.Fatalf("Allow: %+v, %v", d, err)
 	}
 	time.Sleep(150 * time.Millisecond)
-	shrunk.Store(true)
+	shrink()
 	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
 		t.Fatalf("Allow after the window shrank under the last admission's age: %+v, %v; want admitted, not paused as lost", d, err)
 	}

@@ -182,18 +182,12 @@ func TestRedisExpiryMarkerReplayedCall(t *testing.T) {
 func TestRedisExpiryMarkerWindowShrinks(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	ctx := context.Background()
-	long, short := throttle.Rate{Count: 1000, Per: 10 * time.Second}, throttle.Rate{Count: 1000, Per: 200 * time.Millisecond}
-	var shrunk atomic.Bool
-	l := newTestRedis(t, client, long, WithQuotas(func(string) throttle.Quota {
-		if shrunk.Load() {
-			return throttle.Quota{Rate: short}
-		}
-		return throttle.Quota{Rate: long}
-	}))
+	short := throttle.Rate{Count: 1000, Per: 200 * time.Millisecond}
+	l, shrink := newShrinkingRedis(t, client, throttle.Rate{Count: 1000, Per: 10 * time.Second}, short)
 	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
 		t.Fatalf("Allow: %+v, %v", d, err)
 	}
-	shrunk.Store(true)
+	shrink()
 	end := time.Now().Add(3 * short.Per)
 	for time.Now().Before(end) {
 		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
@@ -231,4 +225,18 @@ func TestRedisExpiryMarkersBounded(t *testing.T) {
 	if markers > 1 {
 		t.Fatalf("%d expiry markers after 600 decisions under as many windows: want them dropped as markers move", markers)
 	}
+}
+
+// newShrinkingRedis returns a Redis whose quota is long until shrink is
+// called, short after.
+func newShrinkingRedis(t *testing.T, client *redis.Client, long, short throttle.Rate) (l *Redis, shrink func()) {
+	t.Helper()
+	var shrunk atomic.Bool
+	l = newTestRedis(t, client, long, WithQuotas(func(string) throttle.Quota {
+		if shrunk.Load() {
+			return throttle.Quota{Rate: short}
+		}
+		return throttle.Quota{Rate: long}
+	}))
+	return l, func() { shrunk.Store(true) }
 }
