@@ -99,7 +99,9 @@
 // below every unit at E - 2^53, E being the instant, in ms, the key is
 // known to live until), rounded up to the next half window, and the expiry
 // (PEXPIREAT) and the drop of the members that left the window are written
-// only when the marker moves, at most twice a window. A call run twice (a
+// only when the marker moves, at most twice a window; a set with no unit
+// in the window (a key seen less than once a window) is deleted and
+// written anew, its units, marker and expiry. A call run twice (a
 // client's retry) moves its unit to the later instant and still tells
 // whether the marker moved; a window that shrinks has a marker of its own,
 // and a marker that moves drops the others (with the members that left the

@@ -3,6 +3,7 @@ package window
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -239,4 +240,74 @@ func newShrinkingRedis(t *testing.T, client *redis.Client, long, short throttle.
 		return throttle.Quota{Rate: long}
 	}))
 	return l, func() { shrunk.Store(true) }
+}
+
+// TestRedisSparseKeyWrites: a plain decision on a set with no unit in the
+// window (a key seen less than once a window) deletes it and writes it
+// anew, its unit, marker and expiry, three writes and no drop, lone or
+// batched (a cost of 2 adds its units, then its marker); and the set it
+// leaves is the units and the marker, covered.
+func TestRedisSparseKeyWrites(t *testing.T) {
+	server := redistest.Start(t) // its own: INFO commandstats counts every call
+	client := server.Client(t)
+	ctx := context.Background()
+	rate := throttle.Rate{Count: 2, Per: 100 * time.Millisecond}
+	l := newTestRedis(t, client, rate)
+	reqs := []throttle.Request{{Key: "b", N: 1}, {Key: "c", N: 2}}
+	decide := func() {
+		t.Helper()
+		if d, err := l.Allow(ctx, "a"); err != nil || !d.Allowed {
+			t.Fatalf("Allow(a) = %+v, %v", d, err)
+		}
+		ds, err := l.AllowBatch(ctx, reqs)
+		if err != nil || !ds[0].Allowed || !ds[1].Allowed {
+			t.Fatalf("AllowBatch = %+v, %v", ds, err)
+		}
+	}
+	decide()
+	time.Sleep(rate.Per + 20*time.Millisecond) // every unit leaves the window
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	decide()
+	calls := commandCalls(ctx, t, client)
+	want := map[string]int{"del": 3, "zadd": 4, "pexpireat": 3, "zremrangebyscore": 0}
+	for name, n := range want {
+		if calls[name] != n {
+			t.Errorf("%s: %d calls, want %d (all: %v)", name, calls[name], n, calls)
+		}
+	}
+	for key, n := range map[string]int{"a": 1, "b": 1, "c": 2} {
+		k := l.key(key)
+		if got := len(unitsOf(ctx, client, k)); got != n {
+			t.Errorf("%s holds %d units, want %d", key, got, n)
+		}
+		if all := client.ZCard(ctx, k).Val(); all != int64(n+1) {
+			t.Errorf("%s holds %d members, want its %d units and one marker", key, all, n)
+		}
+		checkExpiry(ctx, t, client, k, rate)
+	}
+}
+
+// commandCalls returns the calls of each command since the last CONFIG
+// RESETSTAT (INFO commandstats), by lower-case name.
+func commandCalls(ctx context.Context, t *testing.T, client *redis.Client) map[string]int {
+	t.Helper()
+	info, err := client.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int{}
+	for line := range strings.SplitSeq(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		n, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
+		calls[strings.TrimPrefix(name, "cmdstat_")], err = strconv.Atoi(n)
+		if err != nil {
+			t.Fatalf("INFO commandstats: %q: %v", line, err)
+		}
+	}
+	return calls
 }

@@ -27,7 +27,10 @@
 -- and the moved one is written back (a marker dropped is only written
 -- again, and the key's expiry, only ever raised, stays at least its E),
 -- so a key holds one after each move, even when its window changes at
--- every decision (adaptive's fractions of a call). The score is below 0,
+-- every decision (adaptive's fractions of a call). A set with no unit in
+-- the window (a key seen less than once a window: most keys of many) is
+-- deleted and written anew, its unit, marker and PEXPIREAT E: one write
+-- fewer than a move, and no flags. The score is below 0,
 -- below every
 -- unit's, so a drop from -inf (every other path of window.lua, joint.lua,
 -- and the scripts of earlier versions) takes the markers too, and the
@@ -93,9 +96,17 @@ local function plain(s, a)
 		return count
 	end
 	local o = #out
+	local fresh = count == 0
+	if fresh then
+		redis.call("DEL", key) -- units that left the window, and markers: the set starts anew
+	end
 	local moved
 	if last == first + 2 and total == 1 then -- one request of one unit: no table
-		moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6], nowString, ARGV[first + 1]) == 2
+		if fresh then
+			redis.call("ZADD", key, w[4], w[6], nowString, ARGV[first + 1])
+		else
+			moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6], nowString, ARGV[first + 1]) == 2
+		end
 		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
 	else
 		local members, held = {}, count
@@ -112,14 +123,18 @@ local function plain(s, a)
 			o = o + 3
 		end
 		addUnits(key, nowString, members)
-		moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6]) == 1
+		if fresh then
+			redis.call("ZADD", key, w[4], w[6])
+		else
+			moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6]) == 1
+		end
 	end
-	if moved then
+	if fresh then
+		redis.call("PEXPIREAT", key, w[5])
+	elseif moved then
 		redis.call("ZREMRANGEBYSCORE", key, "-inf", w[3]) -- every marker, and the units that left the window
 		redis.call("ZADD", key, w[4], w[6])
-		if not (count == 0 and redis.call("PEXPIREAT", key, w[5], "NX") == 1) then
-			redis.call("PEXPIREAT", key, w[5], "GT")
-		end
+		redis.call("PEXPIREAT", key, w[5], "GT")
 	end
 	return nil
 end

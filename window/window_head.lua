@@ -68,13 +68,14 @@ if short then
 			half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
 			local e = need - need % half + half
 			local score, marker = string.format("%d", e - 9007199254740992), "~e" .. ARGV[2]
-			if redis.call("ZADD", key, "GT", "CH", score, marker, nowString, ARGV[5]) == 2 then
+			if count == 0 then -- a set with no unit in the window starts anew (see plain)
+				redis.call("DEL", key)
+				redis.call("ZADD", key, score, marker, nowString, ARGV[5])
+				redis.call("PEXPIREAT", key, string.format("%d", e))
+			elseif redis.call("ZADD", key, "GT", "CH", score, marker, nowString, ARGV[5]) == 2 then
 				redis.call("ZREMRANGEBYSCORE", key, "-inf", string.format("%d", now0 - window))
 				redis.call("ZADD", key, score, marker)
-				e = string.format("%d", e)
-				if not (count == 0 and redis.call("PEXPIREAT", key, e, "NX") == 1) then
-					redis.call("PEXPIREAT", key, e, "GT")
-				end
+				redis.call("PEXPIREAT", key, string.format("%d", e), "GT")
 			end
 			return {limit - count, 0, nominal, now0}
 		end
