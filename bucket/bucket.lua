@@ -85,7 +85,25 @@ local out, n = {}, 0
 local function take(g, a, m, q, held)
 	local key = KEYS[g]
 	local per, count, cap = pers[q], counts[q], caps[q]
-	local credit, ts, missing = refill(key, per, count, cap, now, vals[g]) -- convert.lua
+	-- refill (convert.lua), inlined for a bucket of the current layout in
+	-- the quota's period, as a bucket read again and again is: three Lua
+	-- calls fewer.
+	local v, credit, ts, missing = vals[g]
+	local version, sp
+	if v and #v == 25 then
+		version, credit, ts, sp = struct.unpack("<Bddd", v)
+	end
+	if version == 1 and sp == per and credit <= maxExact and credit >= cap - maxExact and credit % 1 == 0 and ts >= 0 and ts <= maxExact and ts % 1 == 0 then
+		if now > ts then
+			credit = credit + (now - ts) * count
+			ts = now
+		end
+		if credit > cap then
+			credit = cap
+		end
+	else
+		credit, ts, missing = refill(key, per, count, cap, now, v) -- convert.lua
+	end
 
 	-- Paused (Pause): take nothing, write nothing.
 	local pausedUntil = vals[k + g]
@@ -112,7 +130,8 @@ local function take(g, a, m, q, held)
 
 	local taken = false
 	for _ = 1, m do
-		local want = ARGV[a] + 0
+		local want = ARGV[a]
+		want = want == "1" and 1 or want + 0 -- (a compare costs less than the conversion)
 		local max = want
 		a = a + 1
 		if want < 0 then
@@ -164,7 +183,8 @@ for g = 1, k do
 		q = ARGV[a] + 0
 		a = a + 1
 	end
-	local held, m = ARGV[a], ARGV[a + 1] + 0
+	local held, m = ARGV[a], ARGV[a + 1]
+	m = m == "1" and 1 or m + 0
 	a = a + 2
 	if k == 1 then
 		a = take(g, a, m, q, held)

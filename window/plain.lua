@@ -109,25 +109,28 @@ local function plain(s, a)
 		end
 		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
 	else
-		local members, held = {}, count
+		-- The units and the marker in one ZADD GT CH (in ZADDs of at most
+		-- 499 units, which keep unpack() within Lua's stack): every unit
+		-- counts 1 in the replies, and the marker 1 more when it moved.
+		local args, k, held, changed = {"GT", "CH", w[4], w[6]}, 4, count, 0
 		for i = first, last, 3 do
-			local n = 1
+			local n, base = 1, ARGV[i + 1]
 			if ARGV[i] ~= "1" then
 				n = tonumber(ARGV[i])
 			end
 			for j = 1, n do
-				members[#members + 1] = unitName(nil, j, n, ARGV[i + 1])
+				if k == 1000 then
+					changed = changed + redis.call("ZADD", key, unpack(args))
+					args, k = {"GT", "CH"}, 2
+				end
+				args[k + 1], args[k + 2] = nowString, unitName(nil, j, n, base)
+				k = k + 2
 			end
 			held = held + n
-			putReply(out, o, true, limit - held, 0, w[1], false)
+			out[o + 1], out[o + 2], out[o + 3] = limit - held + 1, 0, w[1] -- putReply's, admitted
 			o = o + 3
 		end
-		addUnits(key, nowString, members)
-		if fresh then
-			redis.call("ZADD", key, w[4], w[6])
-		else
-			moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6]) == 1
-		end
+		moved = changed + redis.call("ZADD", key, unpack(args)) == total + 1
 	end
 	if fresh then
 		redis.call("PEXPIREAT", key, w[5])
