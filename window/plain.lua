@@ -45,30 +45,10 @@ local out = {} -- three integers per request, key after key (see window.lua)
 -- as much as a redis.call each, and the keys of a call usually share them.
 local plainWindows, plainLimits = {}, {}
 
--- plain decides the requests of a plain key: no schedule and no pause
--- (KEYS[2] and KEYS[3] are missing), the server's clock, and AllowN
--- requests only (horizon -1): the most calls' whole work, done without a
--- closure or a table per request. It returns nil when it decided every
--- request, else the count of units in the window when they do not all fit
--- now, or false when it did nothing (a request of another kind, a set that
--- may be lost, or an error on the key, which window.lua's path meets again
--- at its first command, before it writes anything).
-local function plain(s, a)
-	local first, last = a + 4, a + 3 + 3 * (ARGV[a + 3] == "1" and 1 or tonumber(ARGV[a + 3]))
-	local total = 0
-	for i = first, last, 3 do
-		if ARGV[i + 2] ~= "-1" then
-			return false
-		end
-		if ARGV[i] == "1" then
-			total = total + 1
-		else
-			total = total + tonumber(ARGV[i])
-		end
-	end
-	local w = plainWindows[ARGV[a]]
+local function windowOf(arg)
+	local w = plainWindows[arg]
 	if not w then
-		local nominal = tonumber(ARGV[a])
+		local nominal = tonumber(arg)
 		local window = nominal + slack
 		-- E: the ms the key must live to (now + window, rounded up), then
 		-- up to the next multiple of half a window (in ms, rounded up: >= 1);
@@ -76,20 +56,37 @@ local function plain(s, a)
 		local half, need = window + 1999, now0 + window + 999
 		half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
 		local e = need - need % half + half
-		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("%d", e - 9007199254740992), string.format("%d", e), "~e" .. ARGV[a]}
-		plainWindows[ARGV[a]] = w
+		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("%d", e - 9007199254740992), string.format("%d", e), "~e" .. arg}
+		plainWindows[arg] = w
 	end
-	local limit = plainLimits[ARGV[a + 1]]
+	return w
+end
+
+local function limitOf(arg)
+	local limit = plainLimits[arg]
 	if not limit then
-		limit = tonumber(ARGV[a + 1])
-		plainLimits[ARGV[a + 1]] = limit
+		limit = tonumber(arg)
+		plainLimits[arg] = limit
 	end
-	local key = KEYS[s + 1]
+	return limit
+end
+
+-- plainKey decides the AllowN requests of the plain key key (no schedule
+-- and no pause, the server's clock): the most calls' whole work, done
+-- without a closure or a table per request. w is windowOf its window,
+-- held its held argument, total the units of its requests; member the
+-- member of a lone request of one unit, else nil and the requests are
+-- ARGV[first] to ARGV[last], three arguments each. It returns nil when
+-- it decided every request, else the count of units in the window when
+-- they do not all fit now, or false when it did nothing (a set that may
+-- be lost, or an error on the key, which window.lua's path meets again at
+-- its first command, before it writes anything).
+local function plainKey(key, w, limit, held, total, member, first, last)
 	local count = redis.pcall("ZCOUNT", key, w[2], "+inf")
 	if type(count) ~= "number" then
 		return false
 	end
-	if count == 0 and ARGV[a + 2] ~= "0" and tonumber(ARGV[a + 2]) > now0 then
+	if count == 0 and held ~= "0" and tonumber(held) > now0 then
 		return false -- lost? (see decideKey)
 	end
 	if count + total > limit then
@@ -101,18 +98,18 @@ local function plain(s, a)
 		redis.call("DEL", key) -- units that left the window, and markers: the set starts anew
 	end
 	local moved
-	if last == first + 2 and total == 1 then -- one request of one unit: no table
+	if member then -- one request of one unit: no table
 		if fresh then
-			redis.call("ZADD", key, w[4], w[6], nowString, ARGV[first + 1])
+			redis.call("ZADD", key, w[4], w[6], nowString, member)
 		else
-			moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6], nowString, ARGV[first + 1]) == 2
+			moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6], nowString, member) == 2
 		end
 		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
 	else
 		-- The units and the marker in one ZADD GT CH (in ZADDs of at most
 		-- 499 units, which keep unpack() within Lua's stack): every unit
 		-- counts 1 in the replies, and the marker 1 more when it moved.
-		local args, k, held, changed = {"GT", "CH", w[4], w[6]}, 4, count, 0
+		local args, k, units, changed = {"GT", "CH", w[4], w[6]}, 4, count, 0
 		for i = first, last, 3 do
 			local n, base = 1, ARGV[i + 1]
 			if ARGV[i] ~= "1" then
@@ -126,8 +123,8 @@ local function plain(s, a)
 				args[k + 1], args[k + 2] = nowString, unitName(nil, j, n, base)
 				k = k + 2
 			end
-			held = held + n
-			out[o + 1], out[o + 2], out[o + 3] = limit - held + 1, 0, w[1] -- putReply's, admitted
+			units = units + n
+			out[o + 1], out[o + 2], out[o + 3] = limit - units + 1, 0, w[1] -- putReply's, admitted
 			o = o + 3
 		end
 		moved = changed + redis.call("ZADD", key, unpack(args)) == total + 1
@@ -142,12 +139,66 @@ local function plain(s, a)
 	return nil
 end
 
+-- plain decides the requests of the key whose KEYS start after s and
+-- whose ARGV (the whole form) start at a, if it is plain: AllowN requests
+-- only (horizon -1); see plainKey, and false for a request of another
+-- kind. The caller has seen that its schedule and pause are missing.
+local function plain(s, a)
+	local first, last = a + 4, a + 3 + 3 * (ARGV[a + 3] == "1" and 1 or tonumber(ARGV[a + 3]))
+	local total = 0
+	for i = first, last, 3 do
+		if ARGV[i + 2] ~= "-1" then
+			return false
+		end
+		if ARGV[i] == "1" then
+			total = total + 1
+		else
+			total = total + tonumber(ARGV[i])
+		end
+	end
+	local member
+	if last == first + 2 and total == 1 then
+		member = ARGV[first + 1]
+	end
+	return plainKey(KEYS[s + 1], windowOf(ARGV[a]), limitOf(ARGV[a + 1]), ARGV[a + 2], total, member, first, last)
+end
+
 -- The call's leading plain keys. stopKey is the place (from 1) of the
 -- first key left to window.lua, and stopArg its first argument; stopCount
 -- what plain returned for it (false: not plain, or not tried).
 local stopKey, stopArg, stopCount = 1, 4, false
 if counted then
 	stopCount = counted -- window_head.lua's lone call, which does not fit
+elseif ARGV[2] == "p" then
+	-- The compact form (see window.lua): every key plain but for its
+	-- schedule and pause, which got tells, with one AllowN of one unit.
+	local win, lim = ARGV[4], ARGV[5]
+	local w, limit, k = windowOf(win), limitOf(lim), #KEYS / 3
+	while stopKey <= k do
+		local g = stopKey
+		if got[2 * g - 1] or got[2 * g] then
+			break
+		end
+		local r = plainKey(KEYS[3 * g - 2], w, limit, ARGV[4 + 2 * g], 1, ARGV[5 + 2 * g])
+		if r ~= nil then
+			stopCount = r
+			break
+		end
+		stopKey = g + 1
+	end
+	if stopKey > k then
+		out[#out + 1] = now0
+		return out
+	end
+	-- The whole form for window.lua, in place, from the last key down (key
+	-- g's two arguments lie below its seven, and above no earlier key's).
+	for g = k, 1, -1 do
+		local held, member, b = ARGV[4 + 2 * g], ARGV[5 + 2 * g], 7 * g - 3
+		ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3] = win, lim, held, "1"
+		ARGV[b + 4], ARGV[b + 5], ARGV[b + 6] = "1", member, "-1"
+	end
+	ARGV[2] = "0"
+	stopArg = 7 * stopKey - 3
 elseif not clientClock then
 	for s = 0, #KEYS - 1, stride do
 		local g = s / stride + 1

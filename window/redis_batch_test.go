@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/queuethrottle/queuethrottle/internal/coalesce"
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
@@ -287,4 +289,100 @@ func TestKeyTwiceInAFlush(t *testing.T) {
 	if want := calls[1].Res.RetryAfter + time.Second; calls[2].Res.ResetAfter < want {
 		t.Fatalf("AllowN after the reservation: ResetAfter %v, want %v (the reservation's window)", calls[2].Res.ResetAfter, want)
 	}
+}
+
+// TestCompactForm: a flush of keys with one AllowN of one unit each under
+// one quota goes in window.lua's compact form (two arguments a key), and
+// decides as the whole form does, also when a key in it is not plain and
+// the script hands the rest to its general path: a paused key, a full
+// one, one with a reservation, one of another type, at the first place,
+// in the middle and at the last.
+func TestCompactForm(t *testing.T) {
+	server := redistest.Shared(t)
+	var sent atomic.Int64 // the compact calls the first client sent
+	client := server.Client(t)
+	client.AddHook(compactHook{&sent})
+	rate := throttle.Rate{Count: 3, Per: time.Minute}
+	compact := newTestRedis(t, client, rate)
+	whole := newTestRedis(t, server.Client(t), rate)
+	whole.wholeArgs = true
+	ctx := context.Background()
+	for _, l := range []*Redis{compact, whole} {
+		for _, step := range []struct {
+			key string
+			n   int
+		}{{"b", 2}, {"d", 3}, {"e", 3}} {
+			if d, err := l.AllowN(ctx, step.key, step.n); err != nil || !d.Allowed {
+				t.Fatalf("AllowN(%s, %d) = %+v, %v", step.key, step.n, d, err)
+			}
+		}
+		if d, err := l.AllowID(ctx, "e", 1, "job", time.Hour); err != nil || !d.Reserved {
+			t.Fatalf("AllowID(e) = %+v, %v; want a reservation", d, err)
+		}
+		if err := l.Pause(ctx, "c", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := client.Set(ctx, l.key("f"), "not a sorted set", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batches := [][]string{
+		{"a", "b", "c", "d", "e", "f", "g"},
+		{"c", "a", "g"},
+		{"a", "g", "d"},
+		{"h", "i", "b", "j"},
+	}
+	before := sent.Load()
+	for bi, keys := range batches {
+		var got [2][]*call
+		for li, l := range []*Redis{compact, whole} {
+			for _, key := range keys {
+				req, err := l.request(key, 1, "", argAllowN)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[li] = append(got[li], &call{Req: req})
+			}
+			l.many(ctx, got[li])
+		}
+		for i, key := range keys {
+			c, w := got[0][i], got[1][i]
+			if (c.Err == nil) != (w.Err == nil) || (key == "f") != (c.Err != nil) {
+				t.Fatalf("batch %d, key %s: compact %v, whole %v", bi, key, c.Err, w.Err)
+			}
+			if c.Err != nil {
+				continue
+			}
+			if c.Res.Allowed != w.Res.Allowed || c.Res.Remaining != w.Res.Remaining ||
+				(c.Res.RetryAfter == 0) != (w.Res.RetryAfter == 0) || c.Res.Reserved != w.Res.Reserved {
+				t.Fatalf("batch %d, key %s:\n compact %+v\n whole   %+v", bi, key, c.Res, w.Res)
+			}
+		}
+	}
+	if n := sent.Load() - before; n < int64(len(batches)) {
+		t.Fatalf("%d compact calls for %d batches", n, len(batches))
+	}
+	for _, key := range []string{"a", "g", "h"} { // admitted in the compact form
+		checkExpiry(ctx, t, client, compact.key(key), rate)
+	}
+}
+
+// compactHook counts the script calls in window.lua's compact form.
+type compactHook struct{ n *atomic.Int64 }
+
+func (compactHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h compactHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); cmd.Name() == "evalsha" && len(args) > 3 {
+			if k, err := strconv.Atoi(fmt.Sprint(args[2])); err == nil && len(args) > 4+k && args[4+k] == argCompact {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (compactHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -53,6 +53,12 @@
 --              and gives up a reservation the id holds before then.
 --   A call of one AllowN of cost 1 on the server's clock may come in a
 --   short form (see window_head.lua).
+-- The compact form: ARGV[1] "", ARGV[2] "p", ARGV[3] as above, ARGV[4]
+-- and ARGV[5] the window and limit of every key, then each key's held
+-- and the member of its one AllowN of cost 1: two arguments a key where
+-- the whole form takes seven (each costs Redis about 1,000 instructions).
+-- plain.lua decides its plain keys, and rewrites the whole form in place
+-- when it hands a key to this file.
 --
 -- For each request: units count while score > now - window; they are
 -- dropped once score <= now - window - grace (grace: AllowID's horizon, at
