@@ -17,8 +17,9 @@
 -- KEYS[k + g]  its pause (see pause.Suffix): the instant, µs, until which
 --              every take is refused; missing when not paused.
 -- ARGV[1]  now, µs, from the client's clock; "" for the server's TIME.
--- ARGV[2]  nq, the number of quotas (>= 1), then nq quotas, three
---          arguments each (sent once however many buckets share one):
+-- ARGV[2]  nq, the number of quotas (>= 1; "-1": the compact form, see
+--          below), then nq quotas, three arguments each (sent once
+--          however many buckets share one):
 --   per    credit per token = the refill period in µs (integer).
 --   count  credit added per µs = tokens per period (integer).
 --   cap    credit of a full bucket = burst * per.
@@ -64,6 +65,13 @@
 
 local now = clock(ARGV[1]) -- convert.lua
 
+-- The compact form (nq "-1"): one quota, and each bucket one request of
+-- one token, sent as its held alone (ARGV[5 + g] for the g-th bucket).
+local compact = ARGV[2] == "-1"
+if compact then
+	ARGV[2] = "1"
+end
+
 -- The quotas, once per call.
 local nq = ARGV[2] + 0
 local pers, counts, caps = {}, {}, {}
@@ -79,10 +87,11 @@ local vals = redis.call("MGET", unpack(KEYS))
 
 local out, n = {}, 0
 
--- take decides the m requests, from ARGV[a], of the g-th bucket, under
--- the q-th quota, held (the argument) until held; it returns the place
--- of the next bucket's arguments.
-local function take(g, a, m, q, held)
+-- take decides the m requests, from ARGV[a] (or one request of one
+-- token when one is 1: the compact form), of the g-th bucket, under the
+-- q-th quota, held (the argument) until held; it returns the place of the
+-- next bucket's arguments.
+local function take(g, a, m, q, held, one)
 	local key = KEYS[g]
 	local per, count, cap = pers[q], counts[q], caps[q]
 	-- refill (convert.lua), inlined for a bucket of the current layout in
@@ -130,7 +139,7 @@ local function take(g, a, m, q, held)
 
 	local taken = false
 	for _ = 1, m do
-		local want = ARGV[a]
+		local want = one or ARGV[a]
 		want = want == "1" and 1 or want + 0 -- (a compare costs less than the conversion)
 		local max = want
 		a = a + 1
@@ -178,19 +187,23 @@ end
 local a = 3 + 3 * nq
 local failed
 for g = 1, k do
-	local q = 1
-	if nq > 1 then
-		q = ARGV[a] + 0
-		a = a + 1
+	local q, held, m, one = 1
+	if compact then
+		held, m, one = ARGV[5 + g], 1, 1
+	else
+		if nq > 1 then
+			q = ARGV[a] + 0
+			a = a + 1
+		end
+		held, m = ARGV[a], ARGV[a + 1]
+		m = m == "1" and 1 or m + 0
+		a = a + 2
 	end
-	local held, m = ARGV[a], ARGV[a + 1]
-	m = m == "1" and 1 or m + 0
-	a = a + 2
 	if k == 1 then
-		a = take(g, a, m, q, held)
+		a = take(g, a, m, q, held, one)
 	else
 		local mark = n
-		local ok, next = pcall(take, g, a, m, q, held)
+		local ok, next = pcall(take, g, a, m, q, held, one)
 		if ok then
 			a = next
 		else
@@ -199,10 +212,12 @@ for g = 1, k do
 			end
 			n = mark
 			for _ = 1, m do
-				if ARGV[a] + 0 < 0 then
+				if not one then -- skip the request's arguments
+					if ARGV[a] + 0 < 0 then
+						a = a + 1
+					end
 					a = a + 1
 				end
-				a = a + 1
 				out[n + 1], out[n + 2] = 0, 0
 				n = n + 2
 			end

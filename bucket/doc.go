@@ -107,7 +107,9 @@
 //     pipelined), one per key on a *redis.Ring (it shards by its own hash)
 //     or any other client. AllowID is one script call per decision;
 //     Redis.AllowBatch decides many requests in one call per 256 (per
-//     slot on a cluster).
+//     slot on a cluster). A call whose buckets share one quota and take
+//     one token each (AllowN(1): most flushes) sends one argument a
+//     bucket instead of three.
 //   - WithOneKeyPerCall sends one key per script call whatever the
 //     client, for a proxy that refuses scripts of several keys or routes
 //     them by their first key alone. A server that answers CROSSSLOT to a

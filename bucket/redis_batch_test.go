@@ -126,3 +126,65 @@ func TestPoisonKeyFailsAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactForm: a flush of buckets with one request of one token each,
+// under one quota, goes in bucket.lua's compact form (held alone for each
+// bucket), and takes as the same requests one by one: from a fresh
+// bucket, an empty one, a paused one, one of another type and one partly
+// taken; and a lost bucket (the server's clock) is taken as empty.
+func TestCompactForm(t *testing.T) {
+	clock := throttletest.NewClock(throttletest.T0)
+	l, client := newTestRedis(t, throttle.Rate{Count: 1, Per: time.Minute}, 3, WithClock(clock))
+	sent := redistest.CountArgv(client, 2, "-1")
+	ctx := ctxT(t)
+	for _, prefix := range []string{"one-by-one ", "batched "} {
+		for key, n := range map[string]int{"empty": 3, "part": 1, "lost": 1} {
+			if d, err := l.AllowN(ctx, prefix+key, n); err != nil || !d.Allowed {
+				t.Fatalf("AllowN(%s, %d) = %+v, %v", prefix+key, n, d, err)
+			}
+		}
+		if err := client.Del(ctx, l.key(prefix+"lost")).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Pause(ctx, prefix+"paused", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := client.RPush(ctx, l.key(prefix+"poison"), "not a bucket").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := []string{"fresh", "empty", "paused", "poison", "part", "lost"}
+	for round := range 3 {
+		clock.Set(throttletest.T0.Add(time.Duration(round+1) * 10 * time.Second))
+		calls := make([]*takeCall, len(keys))
+		want := make([]takeCall, len(keys)) // one by one, on twin keys
+		for i, key := range keys {
+			want[i].Res, want[i].Err = l.batch.Do(ctx, l.takeReq("one-by-one "+key, l.lims.def, 1, 1))
+			calls[i] = &takeCall{Req: l.takeReq("batched "+key, l.lims.def, 1, 1)}
+		}
+		l.takeMany(ctx, calls)
+		for i, c := range calls {
+			w := want[i]
+			if (c.Err != nil) != (w.Err != nil) || (keys[i] == "poison") != (c.Err != nil) || c.Res != w.Res {
+				t.Fatalf("round %d, %s: batched %+v, %v; one by one %+v, %v", round, keys[i], c.Res, c.Err, w.Res, w.Err)
+			}
+		}
+	}
+	if sent.Load() < 3 {
+		t.Fatalf("%d calls in the compact form, want one a round", sent.Load())
+	}
+
+	served, client := newTestRedis(t, throttle.Rate{Count: 1, Per: time.Minute}, 3)
+	sent = redistest.CountArgv(client, 2, "-1")
+	if d, err := served.Allow(ctx, "lost"); err != nil || !d.Allowed {
+		t.Fatalf("Allow(lost) = %+v, %v", d, err)
+	}
+	if err := client.Del(ctx, served.key("lost")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := []*takeCall{{Req: served.takeReq("lost", served.lims.def, 1, 1)}, {Req: served.takeReq("new", served.lims.def, 1, 1)}}
+	served.takeMany(ctx, calls)
+	if calls[0].Err != nil || calls[0].Res.granted != 0 || calls[1].Err != nil || calls[1].Res.granted != 1 || sent.Load() != 1 {
+		t.Fatalf("lost, then a new bucket, in %d compact calls: %+v, %v; %+v, %v; want the lost one empty", sent.Load(), calls[0].Res, calls[0].Err, calls[1].Res, calls[1].Err)
+	}
+}

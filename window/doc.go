@@ -116,7 +116,9 @@
 // of other goroutines queue, and the next flush sends them together, at
 // most 256 requests and MaxCost units per flush (a call of more units
 // would outlast the default timeout), each key's requests in arrival
-// order. On a
+// order; when every key has one AllowN of one unit under one quota (most
+// flushes over many keys) the call sends two arguments a key instead of
+// seven. On a
 // *redis.Client one script call carries every key of the flush; on a
 // *redis.ClusterClient one script call per Redis Cluster hash slot carries
 // the keys of that slot, the calls pipelined (see Redis Cluster below); on

@@ -3,7 +3,6 @@ package window
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -270,7 +269,7 @@ func TestRedisSparseKeyWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	decide()
-	calls := commandCalls(ctx, t, client)
+	calls := redistest.CommandCalls(t, client)
 	want := map[string]int{"del": 3, "zadd": 3, "pexpireat": 3, "zremrangebyscore": 0}
 	for name, n := range want {
 		if calls[name] != n {
@@ -287,27 +286,4 @@ func TestRedisSparseKeyWrites(t *testing.T) {
 		}
 		checkExpiry(ctx, t, client, k, rate)
 	}
-}
-
-// commandCalls returns the calls of each command since the last CONFIG
-// RESETSTAT (INFO commandstats), by lower-case name.
-func commandCalls(ctx context.Context, t *testing.T, client *redis.Client) map[string]int {
-	t.Helper()
-	info, err := client.Info(ctx, "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	calls := map[string]int{}
-	for line := range strings.SplitSeq(info, "\n") {
-		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		n, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		calls[strings.TrimPrefix(name, "cmdstat_")], err = strconv.Atoi(n)
-		if err != nil {
-			t.Fatalf("INFO commandstats: %q: %v", line, err)
-		}
-	}
-	return calls
 }

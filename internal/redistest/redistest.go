@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -358,22 +359,63 @@ func StartArgs(t testing.TB, args ...string) *Server {
 // run since it started (INFO commandstats).
 func ScriptCalls(t testing.TB, c *redis.Client) int {
 	t.Helper()
+	calls := CommandCalls(t, c)
+	return calls["eval"] + calls["evalsha"]
+}
+
+// CommandCalls returns the calls of each command the server of c has run
+// since it started or its last CONFIG RESETSTAT (INFO commandstats), by
+// lower-case name ("zadd"; a subcommand as "config|resetstat").
+func CommandCalls(t testing.TB, c *redis.Client) map[string]int {
+	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	total := 0
+	calls := map[string]int{}
 	for _, line := range strings.Split(info, "\n") {
 		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "cmdstat_eval" && name != "cmdstat_evalsha") {
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		n, err := strconv.Atoi(calls)
+		n, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
+		calls[strings.TrimPrefix(name, "cmdstat_")], err = strconv.Atoi(n)
 		if err != nil {
 			t.Fatalf("commandstats line %q: %v", line, err)
 		}
-		total += n
 	}
-	return total
+	return calls
+}
+
+// CountArgv adds a hook to c that counts the EVALSHA calls it sends whose
+// ARGV[i] (from 1) is value, and returns the count: a test's way to see
+// which form of a script's arguments a limiter sent.
+func CountArgv(c *redis.Client, i int, value string) *atomic.Int64 {
+	n := new(atomic.Int64)
+	c.AddHook(argvHook{n, i, value})
+	return n
+}
+
+type argvHook struct {
+	n     *atomic.Int64
+	i     int
+	value string
+}
+
+func (argvHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h argvHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		// EVALSHA sha numkeys KEYS... ARGV...
+		if args := cmd.Args(); cmd.Name() == "evalsha" && len(args) > 2 {
+			if k, err := strconv.Atoi(fmt.Sprint(args[2])); err == nil && len(args) > 2+k+h.i && fmt.Sprint(args[2+k+h.i]) == h.value {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (argvHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
