@@ -10,9 +10,10 @@
 #
 # Cases: a lone AllowN of window.Redis (its short form) and of the script
 # before reservations (window/testdata), on one key; a flush of 8 plain
-# keys of window.Redis and of bucket.Redis, the keys drawn from 1,000 per
-# place; go-redis/redis_rate's allowN on 1,000 keys (its script read from
-# the module cache: run `go mod download` in bench/ first). Needs
+# keys of window.Redis and of bucket.Redis, in the whole form and in the
+# compact form flushes of one-unit requests take, the keys drawn from
+# 1,000 per place; go-redis/redis_rate's allowN on 1,000 keys (its script
+# read from the module cache: run `go mod download` in bench/ first). Needs
 # valgrind, redis-server and redis-benchmark on PATH. Run from bench/:
 #
 #	./callgrind.sh
@@ -61,7 +62,13 @@ for k in 1 2 3 4 5 6 7 8; do
 	args="$args 1000000 1000000000 0 1 1 m__rand_int__ -1"
 done
 # shellcheck disable=SC2086 # the keys and arguments are words
-measure "window, 8 plain keys" evalsha "$window" 24 $keys "" 0 "" $args
+measure "window, 8 plain keys (whole form)" evalsha "$window" 24 $keys "" 0 "" $args
+args=""
+for k in 1 2 3 4 5 6 7 8; do
+	args="$args 0 m__rand_int__"
+done
+# shellcheck disable=SC2086
+measure "window, 8 plain keys (compact)" evalsha "$window" 24 $keys "" p "" 1000000 1000000000 $args
 keys="" pauses="" args=""
 for k in 1 2 3 4 5 6 7 8; do
 	keys="$keys {t$k:__rand_int__}"
@@ -69,5 +76,7 @@ for k in 1 2 3 4 5 6 7 8; do
 	args="$args 0 1 1"
 done
 # shellcheck disable=SC2086
-measure "bucket, 8 keys" evalsha "$bucket" 16 $keys $pauses "" 1 60000000 1 600000000000000 $args
+measure "bucket, 8 keys (whole form)" evalsha "$bucket" 16 $keys $pauses "" 1 60000000 1 600000000000000 $args
+# shellcheck disable=SC2086
+measure "bucket, 8 keys (compact)" evalsha "$bucket" 16 $keys $pauses "" -1 60000000 1 600000000000000 0 0 0 0 0 0 0 0
 measure "redis_rate, one key" evalsha "$redisRate" 1 "{r:__rand_int__}" 10000000 1 60 1
