@@ -201,3 +201,47 @@ func TestRedisShrunkWindowNotLost(t *testing.T) {
 		t.Fatalf("Allow after the window shrank under the last admission's age: %+v, %v; want admitted, not paused as lost", d, err)
 	}
 }
+
+// TestRedisShrunkWindowKeepsExpiry: a process deciding under a shorter
+// window than another's (a quota that shrank) finds no unit in its window
+// and writes the set anew, lone, batched or of several units: the key's
+// expiry stays as late as it was, so the process that admitted under the
+// long window, whose window shrinks next, does not find its set gone and
+// take it for lost (found by a helper: B's write lowered the expiry from
+// 1.9 s to 0.3 s, and A's next decision paused the key for every process).
+func TestRedisShrunkWindowKeepsExpiry(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	long, short := throttle.Rate{Count: 100, Per: time.Second}, throttle.Rate{Count: 100, Per: 100 * time.Millisecond}
+	for _, form := range []string{"lone", "batch", "cost 2"} {
+		t.Run(form, func(t *testing.T) {
+			a, shrink := newShrinkingRedis(t, client, long, short)
+			b := newTestRedis(t, client, short, WithPrefix(a.prefix))
+			if d, err := a.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("A: %+v, %v", d, err)
+			}
+			expires := client.PExpireTime(ctx, a.key("k")).Val()
+			time.Sleep(150 * time.Millisecond) // A's unit leaves B's window
+			var err error
+			switch form {
+			case "lone":
+				_, err = b.Allow(ctx, "k")
+			case "batch":
+				_, err = b.AllowBatch(ctx, []throttle.Request{{Key: "k", N: 1}, {Key: "other", N: 1}})
+			default:
+				_, err = b.AllowN(ctx, "k", 2)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after := client.PExpireTime(ctx, a.key("k")).Val(); after < expires {
+				t.Fatalf("B's decision moved the key's expiry from %v to %v, sooner", expires, after)
+			}
+			shrink()
+			time.Sleep(300 * time.Millisecond) // after B's expiry, before A's
+			if d, err := a.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("A after the shrink: %+v, %v; want admitted, not paused as a lost set", d, err)
+			}
+		})
+	}
+}

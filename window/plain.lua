@@ -29,8 +29,9 @@
 -- so a key holds one after each move, even when its window changes at
 -- every decision (adaptive's fractions of a call). A set with no unit in
 -- the window (a key seen less than once a window: most keys of many) is
--- deleted and written anew, its unit, marker and PEXPIREAT E: one write
--- fewer than a move, and no flags. The score is below 0,
+-- deleted and written anew, its unit, marker and PEXPIREAT E, or its old
+-- expiry when that is later (after a window shrank): one write fewer than
+-- a move, and no flags. The score is below 0,
 -- below every
 -- unit's, so a drop from -inf (every other path of window.lua, joint.lua,
 -- and the scripts of earlier versions) takes the markers too, and the
@@ -41,7 +42,7 @@ local out = {} -- three integers per request, key after key (see window.lua)
 
 -- plainWindows holds, per window argument of the call (ARGV strings are
 -- interned), {window, "(" .. the count's bound, the drop's bound, the
--- marker's score, E, the marker}: tonumber and string.format cost about
+-- marker's score, E, the marker, E as a number}: tonumber and string.format cost about
 -- as much as a redis.call each, and the keys of a call usually share them.
 local plainWindows, plainLimits = {}, {}
 
@@ -56,7 +57,7 @@ local function windowOf(arg)
 		local half, need = window + 1999, now0 + window + 999
 		half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
 		local e = need - need % half + half
-		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("%d", e - 9007199254740992), string.format("%d", e), "~e" .. arg}
+		w = {nominal, string.format("(%d", now0 - window), string.format("%d", now0 - window), string.format("%d", e - 9007199254740992), string.format("%d", e), "~e" .. arg, e}
 		plainWindows[arg] = w
 	end
 	return w
@@ -93,9 +94,18 @@ local function plainKey(key, w, limit, held, total, member, first, last)
 		return count
 	end
 	local o = #out
-	local fresh = count == 0
+	local fresh, expires = count == 0, w[5]
 	if fresh then
-		redis.call("DEL", key) -- units that left the window, and markers: the set starts anew
+		-- Units that left the window, and markers: the set starts anew, its
+		-- expiry never sooner than it was (a process that admitted under a
+		-- longer window knows the key lives until then: see Lost sets).
+		local old = redis.call("PEXPIRETIME", key) -- ms; -2: missing
+		if old ~= -2 then
+			redis.call("DEL", key)
+			if old > w[7] then
+				expires = string.format("%d", old)
+			end
+		end
 	end
 	local moved
 	if member then -- one request of one unit: no table
@@ -130,7 +140,7 @@ local function plainKey(key, w, limit, held, total, member, first, last)
 		moved = changed + redis.call("ZADD", key, unpack(args)) == total + 1
 	end
 	if fresh then
-		redis.call("PEXPIREAT", key, w[5])
+		redis.call("PEXPIREAT", key, expires)
 	elseif moved then
 		redis.call("ZREMRANGEBYSCORE", key, "-inf", w[3]) -- every marker, and the units that left the window
 		redis.call("ZADD", key, w[4], w[6])

@@ -76,9 +76,12 @@ if short then
 			local e = need - need % half + half
 			local score, marker = string.format("%d", e - 9007199254740992), "~e" .. ARGV[2]
 			if count == 0 then -- a set with no unit in the window starts anew (see plain)
-				redis.call("DEL", key)
+				local old = redis.call("PEXPIRETIME", key)
+				if old ~= -2 then
+					redis.call("DEL", key)
+				end
 				redis.call("ZADD", key, score, marker, nowString, ARGV[5])
-				redis.call("PEXPIREAT", key, string.format("%d", e))
+				redis.call("PEXPIREAT", key, string.format("%d", math.max(e, old)))
 			elseif redis.call("ZADD", key, "GT", "CH", score, marker, nowString, ARGV[5]) == 2 then
 				redis.call("ZREMRANGEBYSCORE", key, "-inf", string.format("%d", now0 - window))
 				redis.call("ZADD", key, score, marker)
