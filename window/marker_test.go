@@ -244,16 +244,16 @@ func newShrinkingRedis(t *testing.T, client *redis.Client, long, short throttle.
 // TestRedisSparseKeyWrites: a plain decision on a set with no unit in the
 // window (a key seen less than once a window) deletes it and writes it
 // anew, its units, marker and expiry, three writes and no drop, lone or
-// batched, of one unit or more; and the set it leaves is the units and
-// the marker, covered.
+// batched, of one unit or more, keeping the expiry when it was later; a
+// key that is gone is written without the DEL. The sets it leaves are
+// the units and the marker, covered.
 func TestRedisSparseKeyWrites(t *testing.T) {
 	server := redistest.Start(t) // its own: INFO commandstats counts every call
 	client := server.Client(t)
 	ctx := context.Background()
 	rate := throttle.Rate{Count: 2, Per: 100 * time.Millisecond}
 	l := newTestRedis(t, client, rate)
-	reqs := []throttle.Request{{Key: "b", N: 1}, {Key: "c", N: 2}}
-	decide := func() {
+	decide := func(reqs ...throttle.Request) {
 		t.Helper()
 		if d, err := l.Allow(ctx, "a"); err != nil || !d.Allowed {
 			t.Fatalf("Allow(a) = %+v, %v", d, err)
@@ -263,20 +263,27 @@ func TestRedisSparseKeyWrites(t *testing.T) {
 			t.Fatalf("AllowBatch = %+v, %v", ds, err)
 		}
 	}
-	decide()
+	decide(throttle.Request{Key: "b", N: 1}, throttle.Request{Key: "c", N: 2})
+	later := map[string]time.Duration{} // an expiry later than the marker's, as a longer window's
+	for _, key := range []string{"a", "b", "c"} {
+		if err := client.PExpire(ctx, l.key(key), 10*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+		later[key] = client.PExpireTime(ctx, l.key(key)).Val()
+	}
 	time.Sleep(rate.Per + 20*time.Millisecond) // every unit leaves the window
 	if err := client.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	decide()
+	decide(throttle.Request{Key: "b", N: 1}, throttle.Request{Key: "c", N: 2}, throttle.Request{Key: "new", N: 1})
 	calls := redistest.CommandCalls(t, client)
-	want := map[string]int{"del": 3, "zadd": 3, "pexpireat": 3, "zremrangebyscore": 0}
+	want := map[string]int{"del": 3, "zadd": 4, "pexpireat": 4, "zremrangebyscore": 0}
 	for name, n := range want {
 		if calls[name] != n {
 			t.Errorf("%s: %d calls, want %d (all: %v)", name, calls[name], n, calls)
 		}
 	}
-	for key, n := range map[string]int{"a": 1, "b": 1, "c": 2} {
+	for key, n := range map[string]int{"a": 1, "b": 1, "c": 2, "new": 1} {
 		k := l.key(key)
 		if got := len(unitsOf(ctx, client, k)); got != n {
 			t.Errorf("%s holds %d units, want %d", key, got, n)
@@ -285,5 +292,8 @@ func TestRedisSparseKeyWrites(t *testing.T) {
 			t.Errorf("%s holds %d members, want its %d units and one marker", key, all, n)
 		}
 		checkExpiry(ctx, t, client, k, rate)
+		if e := client.PExpireTime(ctx, k).Val(); e < later[key] {
+			t.Errorf("%s expires at %v, sooner than its %v before", key, e, later[key])
+		}
 	}
 }
