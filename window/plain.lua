@@ -1,4 +1,4 @@
--- plain.lua: the plain keys of window.lua's script (see plain below),
+-- plain.lua: the plain keys of window.lua's script (see plainKey below),
 -- sent after window_head.lua (which decides a lone AllowN of one unit
 -- itself, before any function is made) and units.lua: the call's leading
 -- plain keys are decided here, before the script makes the functions and
@@ -42,10 +42,12 @@ local out = {} -- three integers per request, key after key (see window.lua)
 
 -- plainWindows holds, per window argument of the call (ARGV strings are
 -- interned), {window, "(" .. the count's bound, the drop's bound, the
--- marker's score, E, the marker, E as a number}: tonumber and string.format cost about
--- as much as a redis.call each, and the keys of a call usually share them.
+-- marker's score, E, the marker, E as a number}: tonumber and
+-- string.format cost about as much as a redis.call each, and the keys of
+-- a call usually share them. plainLimits holds the limits as numbers.
 local plainWindows, plainLimits = {}, {}
 
+-- windowOf returns plainWindows' entry for the window argument arg.
 local function windowOf(arg)
 	local w = plainWindows[arg]
 	if not w then
@@ -63,6 +65,7 @@ local function windowOf(arg)
 	return w
 end
 
+-- limitOf returns the limit argument arg as a number.
 local function limitOf(arg)
 	local limit = plainLimits[arg]
 	if not limit then

@@ -58,7 +58,7 @@ else
 	end
 end
 
--- A lone AllowN of one unit on a plain key (see plain in plain.lua, and
+-- A lone AllowN of one unit on a plain key (see plainKey in plain.lua, and
 -- its expiry marker), decided before any function or table is made: the
 -- most calls made one at a time. counted is the set's count of units in
 -- the window when the unit does not fit (plain.lua's loop starts from
@@ -75,7 +75,7 @@ if short then
 			half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
 			local e = need - need % half + half
 			local score, marker = string.format("%d", e - 9007199254740992), "~e" .. ARGV[2]
-			if count == 0 then -- a set with no unit in the window starts anew (see plain)
+			if count == 0 then -- a set with no unit in the window starts anew (see plainKey)
 				local old = redis.call("PEXPIRETIME", key)
 				if old ~= -2 then
 					redis.call("DEL", key)
