@@ -87,6 +87,18 @@ local vals = redis.call("MGET", unpack(KEYS))
 
 local out, n = {}, 0
 
+-- skip returns the place after the arguments of the request at ARGV[a]:
+-- one (n) or two (-min max); none in the compact form (one is 1).
+local function skip(a, one)
+	if one then
+		return a
+	end
+	if ARGV[a] + 0 < 0 then
+		return a + 2
+	end
+	return a + 1
+end
+
 -- take decides the m requests, from ARGV[a] (or one request of one
 -- token when one is 1: the compact form), of the g-th bucket, under the
 -- q-th quota, held (the argument) until held; it returns the place of the
@@ -120,11 +132,7 @@ local function take(g, a, m, q, held, one)
 		pausedUntil = tonumber(pausedUntil)
 		if pausedUntil and pausedUntil > now then
 			for _ = 1, m do
-				local v = ARGV[a] + 0
-				a = a + 1
-				if v < 0 then
-					a = a + 1
-				end
+				a = skip(a, one)
 				out[n + 1] = now - pausedUntil
 				out[n + 2] = credit
 				n = n + 2
@@ -212,12 +220,7 @@ for g = 1, k do
 			end
 			n = mark
 			for _ = 1, m do
-				if not one then -- skip the request's arguments
-					if ARGV[a] + 0 < 0 then
-						a = a + 1
-					end
-					a = a + 1
-				end
+				a = skip(a, one)
 				out[n + 1], out[n + 2] = 0, 0
 				n = n + 2
 			end
