@@ -106,25 +106,7 @@ end
 local function take(g, a, m, q, held, one)
 	local key = KEYS[g]
 	local per, count, cap = pers[q], counts[q], caps[q]
-	-- refill (convert.lua), inlined for a bucket of the current layout in
-	-- the quota's period, as a bucket read again and again is: three Lua
-	-- calls fewer.
-	local v, credit, ts, missing = vals[g]
-	local version, sp
-	if v and #v == 25 then
-		version, credit, ts, sp = struct.unpack("<Bddd", v)
-	end
-	if version == 1 and sp == per and credit <= maxExact and credit >= cap - maxExact and credit % 1 == 0 and ts >= 0 and ts <= maxExact and ts % 1 == 0 then
-		if now > ts then
-			credit = credit + (now - ts) * count
-			ts = now
-		end
-		if credit > cap then
-			credit = cap
-		end
-	else
-		credit, ts, missing = refill(key, per, count, cap, now, v) -- convert.lua
-	end
+	local credit, ts, missing = refill(key, per, count, cap, now, vals[g]) -- convert.lua
 
 	-- Paused (Pause): take nothing, write nothing.
 	local pausedUntil = vals[k + g]
