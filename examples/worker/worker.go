@@ -471,19 +471,23 @@ const maxInstances = 64
 
 // The NATS handler decides and handles cfg.Handlers messages at once
 // (natsthrottle.WithConcurrency), shared fairly across tenants with -fair.
-// Without -fair, the client buffers as many behind them (PullMaxMessages;
-// the default, 500, would hold a backlog of 500 messages whose AckWait
-// runs while they wait: with -work 1s and 16 at once, 30 s, and the server
-// redelivers them while the stale copies are still buffered, to be
-// handled twice). With at most as many buffered as in flight, a message
-// waits about a -work for its decision, and a wait for its slot restarts
-// its AckWait (natsthrottle sends InProgress). With -fair each tenant's
-// consumer is pulled one message at a time, when it can start.
+// Without -fair, Handler.Consume pulls at most as many at a time, in pull
+// requests of a second, so that a message waits about a -work for its
+// decision (nats.go's Consume buffers 500 by default, whose AckWait runs
+// while they wait: redelivered while the stale copies are still
+// buffered, they were handled twice), and a pull request the server no
+// longer holds ends within a second (with nats.go's Consume and
+// PullMaxMessages(16), 2 of about 200 runs of TestRunReservations under
+// load stopped delivering for 30 s, until its missed heartbeats: 0
+// messages waiting in the client, the server's pull requests gone). A
+// wait for a slot restarts its AckWait (natsthrottle sends InProgress).
+// With -fair each tenant's consumer is pulled one message at a time,
+// when it can start.
 
 // consume runs w's handler on src, gated by gate and, when not nil, by the
 // in-flight limit inf, with cfg.Handlers handlers: with -fair through
 // natsthrottle.ConsumeByKey (a consumer per tenant, pulled in the order of
-// the fair shares, weighted by weight), else through src.cons.Consume. The
+// the fair shares, weighted by weight), else through Handler.Consume. The
 // returned function stops pulling, then waits for the messages the
 // throttle holds; it is safe to call more than once.
 func consume(src natsSource, cfg config, weight func(string) float64, gate *throttle.Gate, inf throttle.InFlightLimiter, w *worker, tp trace.TracerProvider) (func(), error) {
@@ -533,14 +537,14 @@ func consume(src natsSource, cfg config, weight func(string) float64, gate *thro
 			closeThrottled()
 		}), nil
 	}
-	consumeCtx, err := src.cons.Consume(func(m jetstream.Msg) { throttled.Handle(observe(m)) }, jetstream.PullMaxMessages(cfg.Handlers))
+	cc, err := throttled.Consume(observedConsumer{Consumer: src.cons, observe: observe})
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
 	}
 	return sync.OnceFunc(func() {
-		consumeCtx.Stop()
+		cc.Stop()
 		select {
-		case <-consumeCtx.Closed():
+		case <-cc.Closed():
 		case <-time.After(10 * time.Second):
 		}
 		closeThrottled()
@@ -1045,6 +1049,38 @@ func retryLine(out io.Writer, what string) func(int, error) {
 		}
 	}
 }
+
+// observedConsumer is a consumer whose fetched messages pass through
+// observe before Handler.Consume hands them to the throttle (as
+// natsthrottle.WrapPulled does for ConsumeByKey).
+type observedConsumer struct {
+	jetstream.Consumer
+	observe func(jetstream.Msg) jetstream.Msg
+}
+
+func (c observedConsumer) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := c.Consumer.Fetch(n, opts...)
+	if err != nil {
+		return nil, err
+	}
+	msgs := make(chan jetstream.Msg)
+	go func() {
+		defer close(msgs)
+		for m := range b.Messages() {
+			msgs <- c.observe(m)
+		}
+	}()
+	return observedBatch{MessageBatch: b, msgs: msgs}, nil
+}
+
+// observedBatch is a fetched batch whose messages were observed; its
+// Error is final once Messages is closed, as the batch's own.
+type observedBatch struct {
+	jetstream.MessageBatch
+	msgs chan jetstream.Msg
+}
+
+func (b observedBatch) Messages() <-chan jetstream.Msg { return b.msgs }
 
 // observedMsg counts, per tenant, the NAKs and Terms the throttle sends and
 // the messages it holds (keeps with InProgress on their last delivery),
