@@ -90,12 +90,15 @@ func quietFetchError(err error) bool {
 // once Handle has taken them. So no message waits in the client's buffer
 // past its AckWait, to be delivered again and handled twice (nats.go's
 // Consume buffers 500 by default: the worker example, 16 handlers of 1 s,
-// handled 113 of 368 jobs twice with it). A failed request is reported to
-// WithErrorHandler and the logger and tried again after 200 ms. Stop or
-// Drain the returned ConsumeContext (Drain hands what was pulled to Handle
-// first; Stop drops it, to be delivered again after its AckWait), then
-// Close the Handler. Drain ends within a second. The only error wraps throttle.ErrInvalidOption, for
-// a nil c or a Handler not built by New.
+// handled 113 of 368 jobs twice with it), and each request lasts at most
+// a second, so one the server no longer serves costs at most that (nats.go's
+// Consume notices one after twice its heartbeat, 30 s by default). A
+// failed request is reported to WithErrorHandler and the logger and tried
+// again after 200 ms. Stop or Drain the returned ConsumeContext (Drain
+// hands what was pulled to Handle first; Stop drops it, to be delivered
+// again after its AckWait), then Close the Handler. Drain ends within a
+// second. The only error wraps throttle.ErrInvalidOption, for a nil c or
+// a Handler not built by New.
 func (h *Handler) Consume(c jetstream.Consumer) (jetstream.ConsumeContext, error) {
 	switch {
 	case c == nil:
@@ -127,7 +130,7 @@ func (h *Handler) Consume(c jetstream.Consumer) (jetstream.ConsumeContext, error
 		report: func(err error) { h.reportPull(fmt.Errorf("natsthrottle: Consume: %w", err)) },
 	}
 	// A request in flight ends with Stop, or when Drain has let it hand
-	// over what it pulled (at most fetchWait later).
+	// over what it pulled (at most consumeWait later).
 	pull, cancel := context.WithCancel(stop)
 	go func() {
 		defer close(cc.closed)
