@@ -120,8 +120,12 @@ func TestCoreFairShares(t *testing.T) {
 			switch longest := waits[len(waits)-1]; {
 			case fairOn && longest > 500*time.Millisecond:
 				t.Errorf("calm's longest wait %v with fair shares, want well under the flood's backlog (waits %v)", longest, waits)
-			case !fairOn && waits[0] < 500*time.Millisecond:
-				t.Errorf("calm's shortest wait %v first come, first served, want it behind the flood's backlog", waits[0])
+			case !fairOn && waits[len(waits)/2] < 500*time.Millisecond:
+				// The median, not the shortest: on a loaded machine the
+				// sleeps between calm messages stretch, and the last came
+				// after most of the backlog had run (305 ms before its
+				// start on a CI run, the median 1.3 s).
+				t.Errorf("calm's median wait %v first come, first served, want it behind the flood's backlog (waits %v)", waits[len(waits)/2], waits)
 			}
 			if _, twice := s.counts(); twice != 0 {
 				t.Errorf("%d messages handled twice", twice)
