@@ -478,9 +478,10 @@ const maxInstances = 64
 // buffered, they were handled twice), and a pull request the server no
 // longer holds ends within a second (with nats.go's Consume and
 // PullMaxMessages(16), 2 of about 200 runs of TestRunReservations under
-// load stopped delivering for 30 s, until its missed heartbeats: 0
-// messages waiting in the client, the server's pull requests gone). A
-// wait for a slot restarts its AckWait (natsthrottle sends InProgress).
+// load got no delivery for 30 s, until its missed heartbeats: the stream
+// still held hundreds of jobs, none of those delivered left
+// unacknowledged, so no pull request was being served). A wait for a
+// slot restarts its AckWait (natsthrottle sends InProgress).
 // With -fair each tenant's consumer is pulled one message at a time,
 // when it can start.
 
