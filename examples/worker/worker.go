@@ -479,8 +479,8 @@ const maxInstances = 64
 // longer holds ends within a second (with nats.go's Consume and
 // PullMaxMessages(16), 2 of about 200 runs of TestRunReservations under
 // load got no delivery for 30 s, until its missed heartbeats: the stream
-// still held hundreds of jobs, none of those delivered left
-// unacknowledged, so no pull request was being served). A wait for a
+// still held hundreds of jobs, and of those delivered only NAKed ones
+// were unacknowledged: no pull request was being served). A wait for a
 // slot restarts its AckWait (natsthrottle sends InProgress).
 // With -fair each tenant's consumer is pulled one message at a time,
 // when it can start.
