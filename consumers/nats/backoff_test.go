@@ -204,7 +204,11 @@ func TestBackoffPausesKeyForEveryone(t *testing.T) {
 	const d = 1500 * time.Millisecond
 	var mu sync.Mutex
 	handled := map[string]time.Time{} // data -> when handled (acked)
+	// backedOff is taken before the Backoff (no later than the pause
+	// starts); paused once it has returned, the pause recorded: a message
+	// decided before then is not paused.
 	var backedOff time.Time
+	paused := make(chan struct{})
 	handle := func(msg jetstream.Msg) {
 		mu.Lock()
 		first := string(msg.Data()) == "a" && backedOff.IsZero()
@@ -216,6 +220,7 @@ func TestBackoffPausesKeyForEveryone(t *testing.T) {
 			if err := Backoff(msg, d); err != nil {
 				t.Errorf("Backoff: %v", err)
 			}
+			close(paused)
 			return
 		}
 		_ = msg.Ack()
@@ -236,11 +241,11 @@ func TestBackoffPausesKeyForEveryone(t *testing.T) {
 		consume(t, c, newHandler(t, handle, g, WithConsumerConfig(cfg)).Handle)
 	}
 	e.publish(t, "jobs.partner", "a", nil)
-	waitFor(t, 10*time.Second, "the Backoff", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return !backedOff.IsZero()
-	})
+	select {
+	case <-paused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Backoff within 10s")
+	}
 	// The key's next message, and another key's.
 	e.publish(t, "jobs.partner", "b", nil)
 	e.publish(t, "jobs.other", "c", nil)
