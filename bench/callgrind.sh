@@ -12,9 +12,11 @@
 # before reservations (window/testdata), on one key; a flush of 8 plain
 # keys of window.Redis and of bucket.Redis, in the whole form and in the
 # compact form flushes of one-unit requests take, the keys drawn from
-# 1,000 per place; go-redis/redis_rate's allowN on 1,000 keys (its script
-# read from the module cache: run `go mod download` in bench/ first). Needs
-# valgrind, redis-server and redis-benchmark on PATH. Run from bench/:
+# 1,000 per place; a flush of 8 one-unit requests on one key of
+# window.Redis (a hot key's), whole and compact; go-redis/redis_rate's
+# allowN on 1,000 keys (its script read from the module cache: run `go
+# mod download` in bench/ first). Needs valgrind, redis-server and
+# redis-benchmark on PATH. Run from bench/:
 #
 #	./callgrind.sh
 set -euo pipefail
@@ -69,6 +71,15 @@ for k in 1 2 3 4 5 6 7 8; do
 done
 # shellcheck disable=SC2086
 measure "window, 8 plain keys (compact)" evalsha "$window" 24 $keys "" p "" 1000000 1000000000 $args
+args="" members=""
+for k in 1 2 3 4 5 6 7 8; do
+	args="$args 1 m${k}__rand_int__ -1"
+	members="$members m${k}__rand_int__"
+done
+# shellcheck disable=SC2086
+measure "window, 8 on one key (whole form)" evalsha "$window" 3 "{h}" "{h}:s" "{h}:p" "" 0 "" 1000000 1000000000 0 8 $args
+# shellcheck disable=SC2086
+measure "window, 8 on one key (compact)" evalsha "$window" 3 "{g}" "{g}:s" "{g}:p" "" q "" 1000000 1000000000 0 8 $members
 keys="" pauses="" args=""
 for k in 1 2 3 4 5 6 7 8; do
 	keys="$keys {t$k:__rand_int__}"

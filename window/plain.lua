@@ -40,6 +40,15 @@
 
 local out = {} -- three integers per request, key after key (see window.lua)
 
+-- The compact forms ("p", "q": see window.lua) are answered compactly: the
+-- count of the leading keys decided here, then one integer for each of
+-- them (its first request's code; the j-th request's is j - 1 less), then
+-- window.lua's three integers per request of the keys after them.
+local compactReply = ARGV[2] == "p" or ARGV[2] == "q"
+if compactReply then
+	out[1] = 0 -- the count, set once known
+end
+
 -- plainWindows holds, per window argument of the call (ARGV strings are
 -- interned), {window, "(" .. the count's bound, the drop's bound, the
 -- marker's score, E, the marker, E as a number}: tonumber and
@@ -80,12 +89,14 @@ end
 -- without a closure or a table per request. w is windowOf its window,
 -- held its held argument, total the units of its requests; member the
 -- member of a lone request of one unit, else nil and the requests are
--- ARGV[first] to ARGV[last], three arguments each. It returns nil when
+-- ARGV[first] to ARGV[last], step arguments each: three (the whole form's
+-- cost, member and horizon) or one (the "q" form's member, of one unit).
+-- It returns nil when
 -- it decided every request, else the count of units in the window when
 -- they do not all fit now, or false when it did nothing (a set that may
 -- be lost, or an error on the key, which window.lua's path meets again at
 -- its first command, before it writes anything).
-local function plainKey(key, w, limit, held, total, member, first, last)
+local function plainKey(key, w, limit, held, total, member, first, last, step)
 	local count = redis.pcall("ZCOUNT", key, w[2], "+inf")
 	if type(count) ~= "number" then
 		return false
@@ -117,16 +128,26 @@ local function plainKey(key, w, limit, held, total, member, first, last)
 		else
 			moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6], nowString, member) == 2
 		end
-		out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
+		if compactReply then
+			out[o + 1] = limit - count
+		else
+			out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
+		end
 	else
 		-- The units and the marker in one ZADD GT CH (in ZADDs of at most
 		-- 499 units, which keep unpack() within Lua's stack): every unit
 		-- counts 1 in the replies, and the marker 1 more when it moved.
 		local args, k, units, changed = {"GT", "CH", w[4], w[6]}, 4, count, 0
-		for i = first, last, 3 do
-			local n, base = 1, ARGV[i + 1]
-			if ARGV[i] ~= "1" then
-				n = tonumber(ARGV[i])
+		if compactReply then
+			out[o + 1] = limit - count
+		end
+		for i = first, last, step do
+			local n, base = 1, ARGV[i]
+			if step == 3 then
+				base = ARGV[i + 1]
+				if ARGV[i] ~= "1" then
+					n = tonumber(ARGV[i])
+				end
 			end
 			for j = 1, n do
 				if k == 1000 then
@@ -137,8 +158,10 @@ local function plainKey(key, w, limit, held, total, member, first, last)
 				k = k + 2
 			end
 			units = units + n
-			out[o + 1], out[o + 2], out[o + 3] = limit - units + 1, 0, w[1] -- putReply's, admitted
-			o = o + 3
+			if not compactReply then
+				out[o + 1], out[o + 2], out[o + 3] = limit - units + 1, 0, w[1] -- putReply's, admitted
+				o = o + 3
+			end
 		end
 		moved = changed + redis.call("ZADD", key, unpack(args)) == total + 1
 	end
@@ -173,7 +196,7 @@ local function plain(s, a)
 	if last == first + 2 and total == 1 then
 		member = ARGV[first + 1]
 	end
-	return plainKey(KEYS[s + 1], windowOf(ARGV[a]), limitOf(ARGV[a + 1]), ARGV[a + 2], total, member, first, last)
+	return plainKey(KEYS[s + 1], windowOf(ARGV[a]), limitOf(ARGV[a + 1]), ARGV[a + 2], total, member, first, last, 3)
 end
 
 -- The call's leading plain keys. stopKey is the place (from 1) of the
@@ -182,36 +205,69 @@ end
 local stopKey, stopArg, stopCount = 1, 4, false
 if counted then
 	stopCount = counted -- window_head.lua's lone call, which does not fit
-elseif ARGV[2] == "p" then
-	-- The compact form (see window.lua): every key plain but for its
-	-- schedule and pause, which got tells, with one AllowN of one unit.
+elseif compactReply then
+	-- The compact forms (see window.lua): every key plain but for its
+	-- schedule and pause, which got tells, with AllowN requests of one
+	-- unit: "p", one a key (held, member); "q", m a key (held, m, then m
+	-- members). a is the first argument of key stopKey.
+	local grouped = ARGV[2] == "q"
 	local win, lim = ARGV[4], ARGV[5]
-	local w, limit, k = windowOf(win), limitOf(lim), #KEYS / 3
+	local w, limit, k, a = windowOf(win), limitOf(lim), #KEYS / 3, 6
 	while stopKey <= k do
 		local g = stopKey
 		if got[2 * g - 1] or got[2 * g] then
 			break
 		end
-		local r = plainKey(KEYS[3 * g - 2], w, limit, ARGV[4 + 2 * g], 1, ARGV[5 + 2 * g])
+		local r, next
+		if not grouped then
+			r, next = plainKey(KEYS[3 * g - 2], w, limit, ARGV[a], 1, ARGV[a + 1]), a + 2
+		elseif ARGV[a + 1] == "1" then
+			r, next = plainKey(KEYS[3 * g - 2], w, limit, ARGV[a], 1, ARGV[a + 2]), a + 3
+		else
+			local m = tonumber(ARGV[a + 1])
+			next = a + 2 + m
+			r = plainKey(KEYS[3 * g - 2], w, limit, ARGV[a], m, nil, a + 2, next - 1, 1)
+		end
 		if r ~= nil then
 			stopCount = r
 			break
 		end
-		stopKey = g + 1
+		stopKey, a = g + 1, next
 	end
+	out[1] = stopKey - 1
 	if stopKey > k then
 		out[#out + 1] = now0
 		return out
 	end
-	-- The whole form for window.lua, in place, from the last key down (key
-	-- g's two arguments lie below its seven, and above no earlier key's).
-	for g = k, 1, -1 do
-		local held, member, b = ARGV[4 + 2 * g], ARGV[5 + 2 * g], 7 * g - 3
-		ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3] = win, lim, held, "1"
-		ARGV[b + 4], ARGV[b + 5], ARGV[b + 6] = "1", member, "-1"
+	-- The whole form for window.lua, of the keys from stopKey on, from
+	-- ARGV[4]: read first, as it lies where the whole form goes.
+	local rest, r = {}, 0
+	for _ = stopKey, k do
+		local m, first = "1", a + 1
+		if grouped then
+			m, first = ARGV[a + 1], a + 2
+		end
+		rest[r + 1], rest[r + 2] = ARGV[a], m
+		r = r + 2
+		a = first + tonumber(m)
+		for i = first, a - 1 do
+			r = r + 1
+			rest[r] = ARGV[i]
+		end
+	end
+	local b, i = 4, 1
+	while i < r do
+		local m = rest[i + 1]
+		ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3] = win, lim, rest[i], m
+		b, i = b + 4, i + 2
+		for _ = 1, tonumber(m) do
+			ARGV[b], ARGV[b + 1], ARGV[b + 2] = "1", rest[i], "-1"
+			b, i = b + 3, i + 1
+		end
 	end
 	ARGV[2] = "0"
-	stopArg = 7 * stopKey - 3
+	stopArg = 4
+	compactReply = false -- window.lua's keys answer three integers a request, plainKey's too
 elseif not clientClock then
 	for s = 0, #KEYS - 1, stride do
 		local g = s / stride + 1

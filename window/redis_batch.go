@@ -3,6 +3,7 @@ package window
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -59,12 +60,30 @@ var (
 	// ARGV[2] with WithSpacedReservations: exact, or not (see clockArgs).
 	argExactSpaced   any = "0s"
 	argInexactSpaced any = "1s"
-	argCompact       any = "p" // ARGV[2] of the compact form (see compact)
+	argCompact       any = "p" // ARGV[2] of the compact forms (see compactForm)
+	argGrouped       any = "q"
 )
 
-// argsPool holds the argument slices of lone calls (one allocation less
+// argCounts holds the request counts of the "q" form, boxed once.
+var argCounts = func() (a [maxBatch + 1]any) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
+
+// argsPool holds the argument slices of script calls (one allocation less
 // per decision).
 var argsPool = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
+
+// releaseArgs puts the arguments of cmd, a script call that is done (its
+// reply settled), back in argsPool.
+func releaseArgs(cmd *redis.IntSliceCmd) {
+	args := cmd.Args()
+	clear(args)
+	args = args[:0]
+	argsPool.Put(&args)
+}
 
 // one decides a lone request: one script call.
 func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
@@ -159,16 +178,23 @@ func groupKey(g []*call) string { return g[0].Req.key }
 func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCmd {
 	n := coalesce.Len(groups)
 	per := l.keysPerWindow()
-	args := l.calls.Script.Start(make([]any, 0, 6+(per+4)*len(groups)+3*n))
+	buf := argsPool.Get().(*[]any) // back in the pool once settled (see settle)
+	args := l.calls.Script.Start(slices.Grow((*buf)[:0], 6+(per+4)*len(groups)+3*n))
 	args = append(args, strconv.Itoa(per*len(groups)))
 	for _, g := range groups {
 		args = l.keys(args, g[0].Req)
 	}
-	if l.compact(groups) {
+	if form := l.compactForm(groups); form != nil {
 		r := groups[0][0].Req
-		args = append(args, argTime, argCompact, l.expiry(ctx), r.argWin, r.argLimit)
+		args = append(args, argTime, form, l.expiry(ctx), r.argWin, r.argLimit)
 		for _, g := range groups {
-			args = append(args, l.held.Arg(g[0].Req.key), g[0].Req.member)
+			args = append(args, l.held.Arg(g[0].Req.key))
+			if form == argGrouped {
+				args = append(args, argCounts[len(g)])
+			}
+			for _, c := range g {
+				args = append(args, c.Req.member)
+			}
 		}
 		return redis.NewIntSliceCmd(ctx, args...)
 	}
@@ -182,24 +208,32 @@ func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCm
 	return redis.NewIntSliceCmd(ctx, args...)
 }
 
-// compact reports whether groups go in the compact form of window.lua:
-// the server's clock, no spaced reservations, and each key one AllowN of
-// one unit under the same window and limit (the most flushes over many
-// keys). Its window and limit are sent once, and each key's held and
-// member only: two arguments a key where the whole form takes seven (each
-// costs Redis about 1,000 instructions, a fifth of a ZCOUNT).
-func (l *Redis) compact(groups [][]*call) bool {
+// compactForm returns ARGV[2] of the compact form groups go in, or nil
+// for the whole form: with the server's clock, no spaced reservations,
+// and only AllowN requests of one unit under the same window and limit
+// (the most flushes), the window and limit are sent once, and each key's
+// held and members only. argCompact when each key has one request (two
+// arguments a key where the whole form takes seven; each costs Redis
+// about 1,000 instructions, a fifth of a ZCOUNT), argGrouped when a key
+// has several (2 + m arguments where the whole form takes 4 + 3m: a hot
+// key's flush). Both are answered compactly (see plain.lua).
+func (l *Redis) compactForm(groups [][]*call) any {
 	if l.clock != nil || l.spaced || l.wholeArgs {
-		return false
+		return nil
 	}
-	first := groups[0][0].Req
+	form, first := argCompact, groups[0][0].Req
 	for _, g := range groups {
-		r := g[0].Req
-		if len(g) != 1 || r.n != 1 || r.horizon != argAllowN || r.argWin != first.argWin || r.argLimit != first.argLimit {
-			return false
+		if len(g) > 1 {
+			form = argGrouped
+		}
+		for _, c := range g {
+			r := c.Req
+			if r.n != 1 || r.horizon != argAllowN || r.argWin != first.argWin || r.argLimit != first.argLimit {
+				return nil
+			}
 		}
 	}
-	return true
+	return form
 }
 
 // settle hands each call of groups its decision from cmd's reply (three
@@ -207,15 +241,26 @@ func (l *Redis) compact(groups [][]*call) bool {
 // returns the groups whose key failed in a call of several keys (listed
 // after the replies; see window.lua), which it leaves unsettled.
 func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (failed [][]*call) {
+	defer releaseArgs(cmd)
 	v := cmd.Val()
 	if err != nil {
 		err = fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	} else if late(v) {
 		err = l.rt.Explain(errLate)
 	}
+	// The leading groups a compact form's reply answers with one integer
+	// each (see plain.lua): the reply's first integer.
+	compact := 0
+	if err == nil && l.compactForm(groups) != nil {
+		if len(v) == 0 || v[0] < 0 || v[0] > int64(min(len(groups), len(v)-1)) {
+			err = fmt.Errorf("%w: %v for %d keys in the compact form", errReply, v, len(groups))
+		} else {
+			compact, v = int(v[0]), v[1:]
+		}
+	}
 	var skip map[int]bool
 	now := int64(-1) // the script's instant, its last integer
-	if n := replyInts * coalesce.Len(groups); err == nil && len(v) > n {
+	if n := compact + replyInts*coalesce.Len(groups[compact:]); err == nil && len(v) > n {
 		now = v[len(v)-1]
 		if len(v) > n+1 {
 			skip = make(map[int]bool, len(v)-n-1)
@@ -225,8 +270,18 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 		}
 		v = v[:n]
 	}
+	var buf [16]throttle.Decision // most groups: no allocation
 	for i, g := range groups {
-		d := make([]throttle.Decision, len(g))
+		if i < compact {
+			l.settlePlain(g, v[0], now)
+			v = v[1:]
+			continue
+		}
+		d := buf[:0]
+		if len(g) > len(buf) {
+			d = make([]throttle.Decision, len(g))
+		}
+		d = d[:len(g)]
 		gerr := err
 		if gerr == nil {
 			k := min(replyInts*len(g), len(v))
@@ -247,6 +302,25 @@ func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (fai
 		}
 	}
 	return failed
+}
+
+// settlePlain settles the requests of a key answered in a compact reply:
+// each admitted now, the first with code, the j-th with code - j (see
+// plain.lua), and the window as its reset.
+func (l *Redis) settlePlain(g []*call, code, now int64) {
+	for j, c := range g {
+		v := [replyInts]int64{code - int64(j), 0, c.Req.win}
+		var d [1]throttle.Decision
+		if v[0] < 1 {
+			c.Err = fmt.Errorf("%w: code %d for the %d requests of a plain key", errReply, code, len(g))
+			continue
+		}
+		if now >= 0 {
+			l.noteReply(&c.Req, v[:], now)
+		}
+		c.Err = decisions(v[:], d[:], c.Req.limit)
+		c.Res = d[0]
+	}
 }
 
 // keysPerWindow is how many KEYS window.lua takes per window key: its

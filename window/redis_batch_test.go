@@ -289,16 +289,19 @@ func TestKeyTwiceInAFlush(t *testing.T) {
 	}
 }
 
-// TestCompactForm: a flush of keys with one AllowN of one unit each under
-// one quota goes in window.lua's compact form (two arguments a key), and
-// decides as the whole form does, also when a key in it is not plain and
-// the script hands the rest to its general path: a paused key, a full
-// one, one with a reservation, one of another type, at the first place,
-// in the middle and at the last.
+// TestCompactForm: a flush of keys with AllowN requests of one unit
+// under one quota goes in one of window.lua's compact forms ("p": one
+// request a key, two arguments; "q": several on a key, 2 + m arguments),
+// answered compactly, and decides as the whole form does, also when a key
+// in it is not plain and the script hands the rest to its general path: a
+// paused key, a full one, one with a reservation, one of another type, one
+// whose requests fit only in part, at the first place, in the middle and
+// at the last.
 func TestCompactForm(t *testing.T) {
 	server := redistest.Shared(t)
 	client := server.Client(t)
 	sent := redistest.CountArgv(client, 2, "p") // the compact calls
+	sentGrouped := redistest.CountArgv(client, 2, "q")
 	rate := throttle.Rate{Count: 3, Per: time.Minute}
 	compact := newTestRedis(t, client, rate)
 	whole := newTestRedis(t, server.Client(t), rate)
@@ -328,8 +331,17 @@ func TestCompactForm(t *testing.T) {
 		{"c", "a", "g"},
 		{"a", "g", "d"},
 		{"h", "i", "b", "j"},
+		// The "q" form: several requests on a key.
+		{"k", "k", "l", "c", "l", "k"}, // k fits exactly; stops at c (paused)
+		{"m", "m", "n", "m", "m"},      // m fits in part (3 of 4): stops at once
+		{"n", "n", "d", "n"},           // n fits in part; d is full
+		{"o", "o", "f"},                // f is of another type, at the last place
+		{"p", "q", "p", "q", "p"},      // every key plain
+		{"r", "r", "e"},                // e holds a reservation
+		{"s", "t", "t", "u"},           // one request, then two, then one: every key plain
 	}
-	before := sent.Load()
+	grouped := 7 // the batches with a key twice
+	before, beforeGrouped := sent.Load(), sentGrouped.Load()
 	for bi, keys := range batches {
 		var got [2][]*call
 		for li, l := range []*Redis{compact, whole} {
@@ -356,10 +368,13 @@ func TestCompactForm(t *testing.T) {
 			}
 		}
 	}
-	if n := sent.Load() - before; n < int64(len(batches)) {
-		t.Fatalf("%d compact calls for %d batches", n, len(batches))
+	if n := sent.Load() - before; n < int64(len(batches)-grouped) {
+		t.Fatalf("%d compact calls for %d batches", n, len(batches)-grouped)
 	}
-	for _, key := range []string{"a", "g", "h"} { // admitted in the compact form
+	if n := sentGrouped.Load() - beforeGrouped; n < int64(grouped) {
+		t.Fatalf("%d calls in the \"q\" form for %d batches", n, grouped)
+	}
+	for _, key := range []string{"a", "g", "h", "k", "l", "o", "p", "q", "r", "s", "t", "u"} { // admitted in a compact form
 		checkExpiry(ctx, t, client, compact.key(key), rate)
 	}
 }

@@ -53,12 +53,16 @@
 --              and gives up a reservation the id holds before then.
 --   A call of one AllowN of cost 1 on the server's clock may come in a
 --   short form (see window_head.lua).
--- The compact form: ARGV[1] "", ARGV[2] "p", ARGV[3] as above, ARGV[4]
--- and ARGV[5] the window and limit of every key, then each key's held
--- and the member of its one AllowN of cost 1: two arguments a key where
--- the whole form takes seven (each costs Redis about 1,000 instructions).
--- plain.lua decides its plain keys, and rewrites the whole form in place
--- when it hands a key to this file.
+-- The compact forms, of AllowN requests of cost 1 on the server's clock:
+-- ARGV[1] "", ARGV[2] "p" or "q", ARGV[3] as above, ARGV[4] and ARGV[5]
+-- the window and limit of every key, then key after key: "p", its held
+-- and the member of its one request (two arguments a key where the whole
+-- form takes seven; each costs Redis about 1,000 instructions); "q", its
+-- held, m and the members of its m requests (2 + m where the whole form
+-- takes 4 + 3m: a hot key's flush). plain.lua decides the leading plain
+-- keys and answers each with one integer (see compactReply there), and
+-- writes the whole form of the keys after them when it hands them to
+-- this file.
 --
 -- For each request: units count while score > now - window; they are
 -- dropped once score <= now - window - grace (grace: AllowID's horizon, at

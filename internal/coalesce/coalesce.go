@@ -25,8 +25,8 @@ type Call[Req, Res any] struct {
 	Res Res
 	Err error
 
-	done  chan struct{}
-	taken bool // in a flush: too late to withdraw (guarded by Batcher.mu)
+	done  chan struct{} // one value once Res and Err are set (capacity 1: a Call is reused)
+	taken bool          // in a flush: too late to withdraw (guarded by Batcher.mu)
 }
 
 // Batcher coalesces the calls of one limiter. The zero Batcher is not
@@ -42,6 +42,12 @@ type Batcher[Req, Res any] struct {
 	mu       sync.Mutex
 	inFlight int // lone calls, and flushers
 	queue    []*Call[Req, Res]
+
+	// calls holds the Calls of Do once their caller has its result: a
+	// queued decision then allocates nothing of its own (on one hot key
+	// with 16 goroutines, the Call and its channel were 60% of the bytes
+	// allocated per decision).
+	calls sync.Pool
 }
 
 // MaxInFlight is how many calls of one Batcher may be in flight at once:
@@ -112,25 +118,44 @@ func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 		b.next()
 		return res, err
 	}
-	c := &Call[Req, Res]{Req: req, done: make(chan struct{})}
+	c, _ := b.calls.Get().(*Call[Req, Res])
+	if c == nil {
+		c = &Call[Req, Res]{done: make(chan struct{}, 1)}
+	}
+	c.Req = req
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
-	if ctx.Done() == nil { // nothing can end the wait but the flush: no select
-		<-c.done
-		return c.Res, c.Err
-	}
-	select {
-	case <-c.done:
-		return c.Res, c.Err
-	case <-ctx.Done():
-		b.mu.Lock()
-		if !c.taken {
-			b.withdraw(c)
+	if ctx.Done() != nil { // else nothing can end the wait but the flush: no select
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			b.mu.Lock()
+			taken := c.taken
+			if !taken {
+				b.withdraw(c)
+			}
+			b.mu.Unlock()
+			if !taken { // never sent: c is free again
+				b.release(c)
+			} // else its flush still holds c, and signals it: not reused
+			var zero Res
+			return zero, ctx.Err()
 		}
-		b.mu.Unlock()
-		var zero Res
-		return zero, ctx.Err()
+	} else {
+		<-c.done
 	}
+	res, err := c.Res, c.Err
+	b.release(c)
+	return res, err
+}
+
+// release clears c, whose flush has signaled it or which was never taken,
+// and keeps it for a later Do.
+func (b *Batcher[Req, Res]) release(c *Call[Req, Res]) {
+	var zero Call[Req, Res]
+	zero.done = c.done
+	*c = zero
+	b.calls.Put(c)
 }
 
 // DoAll decides reqs together on the caller's goroutine, not queued behind
@@ -237,7 +262,7 @@ func (b *Batcher[Req, Res]) flush(batch []*Call[Req, Res]) {
 		b.many(ctx, batch)
 		cancel()
 		for _, c := range batch {
-			close(c.done)
+			c.done <- struct{}{} // c is its caller's from here
 		}
 		// Unless a full batch waits, yield once before taking the next: the
 		// callers just woken, under load about to decide again, then join

@@ -267,3 +267,51 @@ func TestDoAll(t *testing.T) {
 		t.Fatalf("canceled: batches %v, errors %v; want none sent, context.Canceled", r.batches, errs)
 	}
 }
+
+// TestCallsReusedOnlyWhenFree: the Calls of Do are reused (a pool), yet a
+// caller always gets its own request's result: one whose context ends
+// while its call is in a flush leaves the Call to that flush, which still
+// signals it, so no later caller can take the signal meant for it. Many
+// callers with short deadlines and slow flushes meet every case
+// (withdrawn while queued, given up in a flush, answered).
+func TestCallsReusedOnlyWhenFree(t *testing.T) {
+	echo := func(ctx context.Context, req int) (int, error) {
+		time.Sleep(time.Millisecond) // the others queue meanwhile
+		return req, nil
+	}
+	many := func(ctx context.Context, calls []*Call[int, int]) {
+		time.Sleep(time.Millisecond)
+		for _, c := range calls {
+			c.Res = c.Req
+		}
+	}
+	b := New(deadline.NewShared(time.Second), 4, echo, many)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var answered, gaveUp int
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 200 {
+				req := g*1000 + i
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%7)*500*time.Microsecond)
+				res, err := b.Do(ctx, req)
+				cancel()
+				mu.Lock()
+				if err == nil {
+					answered++
+				} else {
+					gaveUp++
+				}
+				mu.Unlock()
+				if err == nil && res != req {
+					t.Errorf("Do(%d) = %d: another caller's result", req, res)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if answered == 0 || gaveUp == 0 {
+		t.Fatalf("%d answered, %d gave up: want both", answered, gaveUp)
+	}
+}
