@@ -16,7 +16,9 @@ import (
 // of both versions would during a rolling upgrade, and checks that they
 // decide every call as today's script alone does on keys of its own, and
 // that it decides as f017374's alone:
-// AllowN of one and two units, alone and coalesced, and AllowID with
+// AllowN of one and two units, alone and coalesced (with another key, and
+// with a second request of the same key: today's compact forms "p" and
+// "q"), and AllowID with
 // reservations (the slots lie a minute ahead, so the outcomes do not
 // depend on when the calls run).
 func TestRollingUpgradeF017374(t *testing.T) {
@@ -56,7 +58,7 @@ func TestRollingUpgradeF017374(t *testing.T) {
 		return d
 	}
 	rejected, reserved := 0, 0
-	for round, key := range []string{"lone", "batch"} {
+	for round, key := range []string{"lone", "batch", "hot"} {
 		for i, s := range steps {
 			l := cur
 			if (i+round)%2 == 0 {
@@ -69,8 +71,11 @@ func TestRollingUpgradeF017374(t *testing.T) {
 					t.Errorf("%s step %d: today's script alone %+v, f017374's alone %+v", key, i, want, was)
 				}
 			} else {
-				// Two requests coalesced in one call: AllowBatch.
+				// Requests coalesced in one call: AllowBatch.
 				reqs := []throttle.Request{{Key: key, N: 1}, {Key: key + "-other", N: s.n}}
+				if key == "hot" {
+					reqs = []throttle.Request{{Key: key, N: 1}, {Key: key + "-other", N: s.n}, {Key: key, N: 1}}
+				}
 				g, err := l.AllowBatch(ctx, reqs)
 				if err != nil {
 					t.Fatal(err)
@@ -88,8 +93,10 @@ func TestRollingUpgradeF017374(t *testing.T) {
 						t.Errorf("%s step %d, request %d: today's script alone %+v, f017374's alone %+v", key, i, j, w[j], was[j])
 					}
 				}
-				if g[0].Allowed != w[0].Allowed || g[0].Remaining != w[0].Remaining {
-					t.Errorf("%s step %d, first request: got allowed %v remaining %d, want %v %d", key, i, g[0].Allowed, g[0].Remaining, w[0].Allowed, w[0].Remaining)
+				for _, j := range []int{0, len(g) - 1} { // key's
+					if g[j].Allowed != w[j].Allowed || g[j].Remaining != w[j].Remaining {
+						t.Errorf("%s step %d, request %d: got allowed %v remaining %d, want %v %d", key, i, j, g[j].Allowed, g[j].Remaining, w[j].Allowed, w[j].Remaining)
+					}
 				}
 				got, want = g[1], w[1]
 			}

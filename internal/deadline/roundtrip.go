@@ -111,11 +111,14 @@ func (r *RoundTrip) observe(start time.Time, server int64) {
 		return
 	}
 	mid := start.Add(rtt / 2)
-	e := &offset{d: time.UnixMicro(server).Add(500 * time.Nanosecond).Sub(mid), rtt: rtt, at: end}
+	var e *offset // made only when it is kept: most calls keep the one before
 	for {
 		old := r.off.Load()
 		if old != nil && rtt > old.rtt && end.Sub(old.at) < OffsetMaxAge {
 			return
+		}
+		if e == nil {
+			e = &offset{d: time.UnixMicro(server).Add(500 * time.Nanosecond).Sub(mid), rtt: rtt, at: end}
 		}
 		if r.off.CompareAndSwap(old, e) {
 			return
