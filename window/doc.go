@@ -116,9 +116,11 @@
 // of other goroutines queue, and the next flush sends them together, at
 // most 256 requests and MaxCost units per flush (a call of more units
 // would outlast the default timeout), each key's requests in arrival
-// order; when every key has one AllowN of one unit under one quota (most
-// flushes over many keys) the call sends two arguments a key instead of
-// seven. On a
+// order; when every request is an AllowN of one unit under one quota
+// the call sends a compact form, answered compactly: two arguments a key
+// instead of seven when each key has one (most flushes over many keys),
+// 2 + m instead of 4 + 3m when a key has m (a hot key's flush), and one
+// integer back for each key admitted whole instead of three a request. On a
 // *redis.Client one script call carries every key of the flush; on a
 // *redis.ClusterClient one script call per Redis Cluster hash slot carries
 // the keys of that slot, the calls pipelined (see Redis Cluster below); on
