@@ -64,13 +64,22 @@ var (
 	argGrouped       any = "q"
 )
 
-// argCounts holds the request counts of the "q" form, boxed once.
+// argCounts holds the counts of keys and requests up to maxBatch (a
+// flush's most), boxed once (see argCount).
 var argCounts = func() (a [maxBatch + 1]any) {
 	for i := range a {
 		a[i] = strconv.Itoa(i)
 	}
 	return a
 }()
+
+// argCount returns n as a script argument (a count of keys or requests).
+func argCount(n int) any {
+	if n < len(argCounts) {
+		return argCounts[n]
+	}
+	return strconv.Itoa(n)
+}
 
 // argsPool holds the argument slices of script calls (one allocation less
 // per decision).
@@ -180,7 +189,7 @@ func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCm
 	per := l.keysPerWindow()
 	buf := argsPool.Get().(*[]any) // back in the pool once settled (see settle)
 	args := l.calls.Script.Start(slices.Grow((*buf)[:0], 6+(per+4)*len(groups)+3*n))
-	args = append(args, strconv.Itoa(per*len(groups)))
+	args = append(args, argCount(per*len(groups)))
 	for _, g := range groups {
 		args = l.keys(args, g[0].Req)
 	}
@@ -190,7 +199,7 @@ func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCm
 		for _, g := range groups {
 			args = append(args, l.held.Arg(g[0].Req.key))
 			if form == argGrouped {
-				args = append(args, argCounts[len(g)])
+				args = append(args, argCount(len(g)))
 			}
 			for _, c := range g {
 				args = append(args, c.Req.member)
@@ -200,7 +209,7 @@ func (l *Redis) command(ctx context.Context, groups [][]*call) *redis.IntSliceCm
 	}
 	args = l.clockArgs(ctx, args)
 	for _, g := range groups {
-		args = append(args, g[0].Req.argWin, g[0].Req.argLimit, l.held.Arg(g[0].Req.key), strconv.Itoa(len(g)))
+		args = append(args, g[0].Req.argWin, g[0].Req.argLimit, l.held.Arg(g[0].Req.key), argCount(len(g)))
 		for _, c := range g {
 			args = append(args, c.Req.argN, c.Req.member, c.Req.horizon)
 		}
