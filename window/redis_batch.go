@@ -246,7 +246,9 @@ func (l *Redis) compactForm(groups [][]*call) any {
 }
 
 // settle hands each call of groups its decision from cmd's reply (three
-// integers per request, group after group), or the call's error. It
+// integers per request, group after group; in a compact form, one for
+// each of the leading groups the script admitted whole: see plain.lua),
+// or the call's error. It
 // returns the groups whose key failed in a call of several keys (listed
 // after the replies; see window.lua), which it leaves unsettled.
 func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (failed [][]*call) {
