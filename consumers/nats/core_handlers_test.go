@@ -397,17 +397,26 @@ func TestCoreManyKeysBounded(t *testing.T) {
 // waiting for their slot, not for a handler), each answered by the
 // handler.
 func TestCoreConcurrencyAdmitsWhatTheLimitAdmits(t *testing.T) {
-	for name, opt := range map[string]CoreOption{"max wait 0": WithCoreMaxWait(0), "max waiting 0": WithCoreMaxWaiting(0)} {
+	// The burst is for WithCoreMaxWaiting(0) only: with WithCoreMaxWait(0)
+	// the 4 of 20 that find the 16 handlers busy are given up, as they
+	// should be (a CI run under load met it).
+	for name, c := range map[string]struct {
+		opt   CoreOption
+		burst bool
+	}{"max wait 0": {WithCoreMaxWait(0), false}, "max waiting 0": {WithCoreMaxWaiting(0), true}} {
 		t.Run(name, func(t *testing.T) {
 			rec := newCoreRecorder()
-			c := newCore(t, rec.handle, newGate(t, throttle.PerSecond(1000), nil), WithCoreErrorHandler(rec.onError), WithCoreConcurrency(16), opt)
-			nc := coreSub(t, "core.req", c.Handle)
+			core := newCore(t, rec.handle, newGate(t, throttle.PerSecond(1000), nil), WithCoreErrorHandler(rec.onError), WithCoreConcurrency(16), c.opt)
+			nc := coreSub(t, "core.req", core.Handle)
 			for i := range 50 {
 				resp, err := nc.Request("core.req", []byte(strconv.Itoa(i)), 5*time.Second)
 				if err != nil || string(resp.Data) != "ok" {
 					t.Fatalf("request %d: %v, %v; want answered by the handler", i, resp, err)
 				}
 				time.Sleep(2 * time.Millisecond)
+			}
+			if !c.burst {
+				return
 			}
 			var wg sync.WaitGroup
 			var ok atomic.Int64
