@@ -121,6 +121,9 @@ local function plainKey(key, w, limit, held, total, member, first, last, step)
 			end
 		end
 	end
+	if compactReply then
+		out[o + 1] = limit - count -- the key's one integer: its first request's code
+	end
 	local moved
 	if member then -- one request of one unit: no table
 		if fresh then
@@ -128,9 +131,7 @@ local function plainKey(key, w, limit, held, total, member, first, last, step)
 		else
 			moved = redis.call("ZADD", key, "GT", "CH", w[4], w[6], nowString, member) == 2
 		end
-		if compactReply then
-			out[o + 1] = limit - count
-		else
+		if not compactReply then
 			out[o + 1], out[o + 2], out[o + 3] = limit - count, 0, w[1] -- putReply's, admitted
 		end
 	else
@@ -138,9 +139,6 @@ local function plainKey(key, w, limit, held, total, member, first, last, step)
 		-- 499 units, which keep unpack() within Lua's stack): every unit
 		-- counts 1 in the replies, and the marker 1 more when it moved.
 		local args, k, units, changed = {"GT", "CH", w[4], w[6]}, 4, count, 0
-		if compactReply then
-			out[o + 1] = limit - count
-		end
 		for i = first, last, step do
 			local n, base = 1, ARGV[i]
 			if step == 3 then

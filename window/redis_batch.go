@@ -85,13 +85,12 @@ func argCount(n int) any {
 // per decision).
 var argsPool = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
 
-// releaseArgs puts the arguments of cmd, a script call that is done (its
-// reply settled), back in argsPool.
-func releaseArgs(cmd *redis.IntSliceCmd) {
-	args := cmd.Args()
+// putArgs clears args, the arguments of a script call that is done, and
+// keeps them in argsPool in buf.
+func putArgs(buf *[]any, args []any) {
 	clear(args)
-	args = args[:0]
-	argsPool.Put(&args)
+	*buf = args[:0]
+	argsPool.Put(buf)
 }
 
 // one decides a lone request: one script call.
@@ -108,11 +107,7 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	} else {
 		args = append(l.clockArgs(ctx, args), r.argWin, r.argLimit, l.held.Arg(r.key), argOne, r.argN, r.member, r.horizon)
 	}
-	defer func() { // the command is done with its arguments
-		clear(args)
-		*buf = args[:0]
-		argsPool.Put(buf)
-	}()
+	defer putArgs(buf, args) // the command is done with its arguments
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	if err := l.calls.Script.RunTimed(ctx, l.client, cmd, l.rt); err != nil {
 		return throttle.Decision{}, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
@@ -252,7 +247,8 @@ func (l *Redis) compactForm(groups [][]*call) any {
 // returns the groups whose key failed in a call of several keys (listed
 // after the replies; see window.lua), which it leaves unsettled.
 func (l *Redis) settle(groups [][]*call, cmd *redis.IntSliceCmd, err error) (failed [][]*call) {
-	defer releaseArgs(cmd)
+	args := cmd.Args() // from argsPool (see command)
+	defer putArgs(&args, args)
 	v := cmd.Val()
 	if err != nil {
 		err = fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
