@@ -3,6 +3,7 @@ package asynqthrottle
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -153,7 +154,7 @@ func (h *handler) deferTask(span trace.Span, key, id, queue string, ft *fair.Tic
 	d := ft.Delay()
 	if id != "" {
 		h.deferredIDs.Add(id, struct{}{})
-		h.recalls.add(key, deferredTask{id: id, queue: queue})
+		h.recalls.add(deferredTask{id: id, queue: queue, key: key})
 	}
 	rl := newRateLimitError(key, throttle.Decision{RetryAfter: d, ResetAfter: d}, now)
 	rl.deferred = true
@@ -185,47 +186,93 @@ type recalls struct {
 	mu        sync.Mutex
 	byKey     map[string][]deferredTask
 	last      time.Time
-	busy      bool
+	busy      bool        // a recall's goroutine runs
+	again     bool        // a recall came while busy: run one when it ends
+	timer     *time.Timer // a recall to come (nil: none)
 }
 
-type deferredTask struct{ id, queue string }
+type deferredTask struct{ id, queue, key string }
 
-func (r *recalls) add(key string, t deferredTask) {
+func (r *recalls) add(t deferredTask) {
 	if r.inspector == nil || t.queue == "" {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	q := append(r.byKey[key], t)
+	q := append(r.byKey[t.key], t)
 	if len(q) > maxDeferred {
 		q = q[len(q)-maxDeferred:]
 	}
-	r.byKey[key] = q
+	r.byKey[t.key] = q
 }
 
 // recall brings deferred tasks back sooner when their keys' shares go
 // unused (fair.Scheduler.Starved): as many as handlers are free and a
 // quarter of the handlers more (the handlers that will end before they
-// are back), taken in turn from those keys, each moved from the retry set to pending
-// (Inspector.RunTask; one that is no longer there, already back or gone,
-// is skipped). It runs at most every recallEvery, on a goroutine of its
-// own.
+// are back), taken in turn from those keys, each moved from the retry set
+// to pending (Inspector.RunTask; one that is no longer there, already
+// back or gone, is skipped). It runs when a handler ends, at most every
+// recallEvery, on a goroutine of its own. While deferred tasks are
+// listed, a recall that cannot run now is not dropped: it runs when the
+// one running ends, recallEvery after the last, or when a blocked key
+// with deferred tasks is free again; otherwise tasks brought back and
+// done quickly would leave the handlers idle until the others' slots.
 func (h *handler) recall() {
 	r := &h.recalls
 	if r.inspector == nil {
 		return
 	}
 	r.mu.Lock()
-	if r.busy || time.Since(r.last) < recallEvery {
+	if len(r.byKey) == 0 {
 		r.mu.Unlock()
 		return
 	}
-	keys, free := h.sched.Starved()
+	if r.busy {
+		r.again = true
+		r.mu.Unlock()
+		return
+	}
+	if since := time.Since(r.last); since < recallEvery {
+		h.recallIn(recallEvery - since)
+		r.mu.Unlock()
+		return
+	}
+	keys, free, retry := h.sched.Starved()
 	if len(keys) == 0 {
+		if !retry.IsZero() {
+			h.recallIn(time.Until(retry))
+		}
 		r.mu.Unlock()
 		return
 	}
-	want := free + h.sched.Handlers()/4
+	picked := h.pick(keys, free+h.sched.Handlers()/4)
+	if len(picked) == 0 {
+		r.mu.Unlock()
+		return
+	}
+	r.busy, r.last = true, time.Now()
+	r.mu.Unlock()
+	go h.bringBack(picked)
+}
+
+// recallIn runs recall after d, unless one is due already. r.mu is held.
+func (h *handler) recallIn(d time.Duration) {
+	r := &h.recalls
+	if r.timer != nil {
+		return
+	}
+	r.timer = time.AfterFunc(max(d, 0), func() {
+		r.mu.Lock()
+		r.timer = nil
+		r.mu.Unlock()
+		h.recall()
+	})
+}
+
+// pick takes up to want tasks still deferred from the lists of keys, in
+// turn, and forgets the ones already back. h.recalls.mu is held.
+func (h *handler) pick(keys []string, want int) []deferredTask {
+	r := &h.recalls
 	var picked []deferredTask
 	for len(picked) < want {
 		took := false
@@ -248,27 +295,38 @@ func (h *handler) recall() {
 			break
 		}
 	}
-	if len(picked) == 0 {
-		r.mu.Unlock()
-		return
-	}
-	r.busy, r.last = true, time.Now()
-	r.mu.Unlock()
-	go func() {
-		for _, t := range picked {
-			// Only a task still deferred (not back in the middleware)
-			// and still in the retry set: asynq's RunTask also moves a
-			// completed task, kept for its retention, back to pending.
-			if !h.deferredIDs.Contains(t.id) {
-				continue
-			}
-			if info, err := r.inspector.GetTaskInfo(t.queue, t.id); err != nil || info.State != asynq.TaskStateRetry {
-				continue
-			}
-			_ = r.inspector.RunTask(t.queue, t.id)
+	return picked
+}
+
+// bringBack moves the picked tasks that are still deferred (not back in
+// the middleware) and in the retry set to pending: asynq's RunTask also
+// moves a completed task, kept for its retention, back to pending. One
+// still active (asynq has yet to put it in the retry set) is listed again,
+// first of its key's.
+func (h *handler) bringBack(picked []deferredTask) {
+	r := &h.recalls
+	var notYet []deferredTask
+	for _, t := range picked {
+		if !h.deferredIDs.Contains(t.id) {
+			continue
 		}
-		r.mu.Lock()
-		r.busy = false
-		r.mu.Unlock()
-	}()
+		info, err := r.inspector.GetTaskInfo(t.queue, t.id)
+		switch {
+		case err != nil:
+		case info.State == asynq.TaskStateRetry:
+			_ = r.inspector.RunTask(t.queue, t.id)
+		case info.State == asynq.TaskStateActive:
+			notYet = append(notYet, t)
+		}
+	}
+	r.mu.Lock()
+	for _, t := range slices.Backward(notYet) {
+		r.byKey[t.key] = slices.Insert(r.byKey[t.key], 0, t)
+	}
+	again := r.again || len(notYet) > 0
+	r.busy, r.again = false, false
+	r.mu.Unlock()
+	if again {
+		h.recall()
+	}
 }

@@ -191,3 +191,62 @@ func TestWithHandlersValidates(t *testing.T) {
 		t.Fatalf("ProcessTask with WithHandlers(0) = %v, want ErrInvalidOption", err)
 	}
 }
+
+// TestRecallKeepsBringingBack: one handler; the first task takes 800 ms,
+// so the 19 behind it, of the same tenant, are deferred a slot of 800 ms
+// apart; the rest take 2 ms each. Once the slow one is done, the deferred
+// tasks are brought back one after another (WithInspector) as the handler
+// goes idle, even when each ends within recallEvery of the recall that
+// brought it back, instead of waiting for their slots.
+func TestRecallKeepsBringingBack(t *testing.T) {
+	const n, slow = 20, 800 * time.Millisecond
+	e := newEnv(t)
+	rec := newRecorder(func(p string, _ int) error {
+		if p == "a-0" {
+			time.Sleep(slow)
+		} else {
+			time.Sleep(2 * time.Millisecond)
+		}
+		return nil
+	})
+	lim, err := window.NewMemory(throttle.PerSecond(10_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs := newDeferrals()
+	scfg := asynq.Config{Concurrency: 30, ErrorHandler: defs}
+	h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(1), WithInspector(e.insp))
+	e.enqueue(t, asynq.NewTask("work", []byte("a-0")), asynq.MaxRetry(3))
+	start := time.Now()
+	e.serve(t, scfg, h)
+	rec.waitRuns(t, 1, 5*time.Second)
+	for i := 1; i < n; i++ {
+		e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "a-%d", i)), asynq.MaxRetry(3))
+	}
+	rec.waitRuns(t, n, 30*time.Second)
+	took := time.Since(start)
+	e.settled(t, "default", 5*time.Second)
+	defs.mu.Lock()
+	defer defs.mu.Unlock()
+	var latest time.Time
+	for _, at := range defs.returnAt {
+		if at.After(latest) {
+			latest = at
+		}
+	}
+	if len(defs.returnAt) < n/2 {
+		t.Fatalf("%d tasks deferred, want most of the %d behind the slow one", len(defs.returnAt), n-1)
+	}
+	if slots := latest.Sub(start); took > slots/2 {
+		t.Errorf("all %d done %v after the start, want well before the last deferred slot (%v): the idle handler was not given the deferred tasks", n, took, slots)
+	}
+	if len(defs.others) > 0 {
+		t.Errorf("other errors: %v", defs.others)
+	}
+	for i := range n {
+		if runs := len(rec.runsOf(fmt.Sprintf("a-%d", i))); runs != 1 {
+			t.Errorf("a-%d ran %d times", i, runs)
+		}
+	}
+	t.Logf("all %d in %v; %d deferred, the last told to come back %v after the start", n, took, len(defs.returnAt), latest.Sub(start))
+}

@@ -105,8 +105,10 @@ func WithClient(c *asynq.Client) Option {
 // share of the handlers grew after they were deferred (other keys went
 // quiet) and handlers would otherwise idle while they wait in the retry
 // set: a task is deferred to when its key's share at that moment reaches
-// it. Without it, such tasks come back when they were told to. Nil keeps
-// the default (none).
+// it. Tasks are brought back as handlers end, at most every 50 ms, and
+// again once a key with deferred tasks is no longer blocked by its rate,
+// as long as handlers are free. Without it, such tasks come back when
+// they were told to. Nil keeps the default (none).
 func WithInspector(i *asynq.Inspector) Option {
 	return optionFunc(func(c *config) {
 		if i != nil {

@@ -443,19 +443,30 @@ func TestStarved(t *testing.T) {
 	if len(waiting) != 1 {
 		t.Fatalf("%d of 5 waiting, want 1 (100 ms away; the others 200 ms or more, over their 150 ms)", len(waiting))
 	}
-	if keys, _ := s.Starved(); len(keys) != 0 {
+	if keys, _, _ := s.Starved(); len(keys) != 0 {
 		t.Fatalf("starved %v while its handler runs", keys)
 	}
 	clock.advance(clock.Now().Add(100 * time.Millisecond))
 	b.Done()
 	mustBeGranted(t, waiting[0], true)
-	if keys, _ := s.Starved(); len(keys) != 0 {
+	if keys, _, _ := s.Starved(); len(keys) != 0 {
 		t.Fatalf("starved %v with a message of its own running", keys)
 	}
 	clock.advance(clock.Now().Add(100 * time.Millisecond))
 	waiting[0].Done()
-	keys, free := s.Starved()
+	keys, free, _ := s.Starved()
 	if len(keys) != 1 || keys[0] != "hog" || free != 1 {
 		t.Fatalf("Starved() = %v, %d; want [hog], 1: its deferred messages are ahead, none here, a handler free", keys, free)
+	}
+	// Refused by its rate for 300 ms: not starved, but asked again then.
+	r := s.Arrive("hog", Arrival{Returning: true})
+	until := clock.Now().Add(300 * time.Millisecond)
+	r.Leave(Block{Until: until})
+	if keys, _, retry := s.Starved(); len(keys) != 0 || !retry.Equal(until) {
+		t.Fatalf("Starved() = %v, retry %v while blocked; want none, retry at the block's end %v", keys, retry, until)
+	}
+	clock.advance(until)
+	if keys, _, retry := s.Starved(); len(keys) != 1 || !retry.IsZero() {
+		t.Fatalf("Starved() = %v, retry %v once the block has passed; want [hog], no retry", keys, retry)
 	}
 }

@@ -270,20 +270,30 @@ func (s *Scheduler) deferral(k *keyState, now time.Time, wait time.Duration) tim
 // waiting here, while handlers are free (free of them). Their share grew
 // after they were deferred (other keys went quiet); a caller that can
 // bring deferred messages back sooner (asynq's Inspector.RunTask) uses
-// it.
-func (s *Scheduler) Starved() (keys []string, free int) {
+// it. When handlers are free, retry is when a key that is not starved
+// only because it is blocked (its rate or its in-flight limit) is free
+// again, the earliest such (zero: none, or no handler free).
+func (s *Scheduler) Starved() (keys []string, free int, retry time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 	free = s.handlers - s.running - s.queued
 	if free <= 0 {
-		return nil, 0
+		return nil, 0, time.Time{}
 	}
 	for name, k := range s.keys {
-		if k.cursor.After(now) && len(k.queue) == 0 && !k.blockedNow() {
+		if !k.cursor.After(now) || len(k.queue) > 0 {
+			continue
+		}
+		// A block that has passed counts as none (the scheduler's timer
+		// lifts it a moment later).
+		switch at := k.freeAt(); {
+		case !k.blockedNow() || (!at.IsZero() && !at.After(now)):
 			keys = append(keys, name)
+		case !at.IsZero() && (retry.IsZero() || at.Before(retry)):
+			retry = at
 		}
 	}
 	slices.Sort(keys)
-	return keys, free
+	return keys, free, retry
 }
