@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"sort"
 	"testing"
 	"time"
@@ -130,4 +132,49 @@ func TestCostsReplayIsExact(t *testing.T) {
 	if span := spanOf(jf.Jobs, got); span != 32*time.Second {
 		t.Errorf("replay span %v, want the exact 32s", span)
 	}
+}
+
+// TestRandomReplaysAreExact is TestCostsReplayIsExact on 200 random
+// traces: one to three tenants at 1-6 per 200 ms to 2 s, costs 1 to the
+// limit, arrivals in bursts and gaps. Every job starts at the exact
+// schedule's instant, small jobs taking the gaps before larger ones.
+func TestRandomReplaysAreExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(28, 5))
+	waited, backfilled := 0, 0
+	for trace := range 200 {
+		rates := map[string]throttle.Rate{}
+		var jobs []job
+		tenants := 1 + rng.IntN(3)
+		for k := range tenants {
+			name := fmt.Sprintf("t%d", k)
+			rates[name] = throttle.Rate{Count: 1 + rng.IntN(6), Per: time.Duration(200+rng.IntN(9)*225) * time.Millisecond}
+		}
+		at := int64(0)
+		for i := range 20 + rng.IntN(40) {
+			if rng.IntN(3) == 0 {
+				at += int64(rng.IntN(1500))
+			}
+			tenant := fmt.Sprintf("t%d", rng.IntN(tenants))
+			jobs = append(jobs, job{ID: fmt.Sprintf("j%d", i), Tenant: tenant, AtMS: at, Cost: 1 + rng.IntN(rates[tenant].Count)})
+		}
+		rateOf := func(tenant string) throttle.Rate { return rates[tenant] }
+		exact := exactStarts(jobs, rateOf)
+		starts, _ := replay(jobs, rateOf, limiterSpec{})
+		for i, j := range jobs {
+			if starts[i] > j.at() {
+				waited++
+			}
+			if i > 0 && starts[i] < starts[i-1] {
+				backfilled++
+			}
+			if got := starts[i].Microseconds(); got != exact[i] {
+				t.Fatalf("trace %d (rates %v): %s of %s (cost %d, at %d ms) starts at %v, the exact schedule at %v",
+					trace, rates, j.ID, j.Tenant, j.Cost, j.AtMS, starts[i], time.Duration(exact[i])*time.Microsecond)
+			}
+		}
+	}
+	if waited == 0 || backfilled == 0 {
+		t.Fatalf("%d jobs waited, %d started before the job ahead of them: the traces do not test the schedule", waited, backfilled)
+	}
+	t.Logf("%d jobs waited, %d started before the job ahead of them", waited, backfilled)
 }
