@@ -13,7 +13,8 @@
 # keys of window.Redis and of bucket.Redis, in the whole form and in the
 # compact form flushes of one-unit requests take, the keys drawn from
 # 1,000 per place; a flush of 8 one-unit requests on one key of
-# window.Redis (a hot key's), whole and compact; go-redis/redis_rate's
+# window.Redis (a hot key's), whole and compact; a lone AllowN of
+# bucket.Redis on 1,000 keys (its head's path); go-redis/redis_rate's
 # allowN on 1,000 keys (its script read from the module cache: run `go
 # mod download` in bench/ first). Needs valgrind, redis-server and
 # redis-benchmark on PATH. Run from bench/:
@@ -28,7 +29,7 @@ trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"
 
 cat ../window/window_head.lua ../window/units.lua ../window/plain.lua \
 	../internal/redisscript/grouped.lua ../window/window.lua >"$work/window.lua"
-cat ../bucket/convert.lua ../bucket/bucket.lua >"$work/bucket.lua"
+cat ../bucket/bucket_head.lua ../bucket/convert.lua ../bucket/bucket.lua >"$work/bucket.lua"
 rate=$(go list -m -f '{{.Dir}}' github.com/go-redis/redis_rate/v10)/lua.go
 awk '/^var allowN = redis.NewScript\(`/{on=1; next} on && /^`\)/{exit} on' "$rate" >"$work/redis_rate.lua"
 
@@ -90,4 +91,5 @@ done
 measure "bucket, 8 keys (whole form)" evalsha "$bucket" 16 $keys $pauses "" 1 60000000 1 600000000000000 $args
 # shellcheck disable=SC2086
 measure "bucket, 8 keys (compact)" evalsha "$bucket" 16 $keys $pauses "" -1 60000000 1 600000000000000 0 0 0 0 0 0 0 0
+measure "bucket, lone AllowN" evalsha "$bucket" 2 "{o:__rand_int__}" "{o:__rand_int__}:p" "" 1 60000000 1 600000000000000 0 1 1
 measure "redis_rate, one key" evalsha "$redisRate" 1 "{r:__rand_int__}" 10000000 1 60 1

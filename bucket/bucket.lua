@@ -63,7 +63,7 @@
 -- every request gets {-left, credit}, left = the µs until the pause ends
 -- (>= 1), and nothing is written.
 
-local now = clock(ARGV[1]) -- convert.lua
+local now = headNow or clock(ARGV[1]) -- bucket_head.lua, convert.lua
 
 -- The compact form (nq "-1"): one quota, and each bucket one request of
 -- one token, sent as its held alone (ARGV[5 + g] for the g-th bucket).
@@ -83,7 +83,7 @@ end
 -- Every bucket and every pause, in one call. MGET reads a key that is not
 -- a string as missing: load reads a missing bucket again, by itself.
 local k = #KEYS / 2
-local vals = redis.call("MGET", unpack(KEYS))
+local vals = headVals or redis.call("MGET", unpack(KEYS))
 
 local out, n = {}, 0
 

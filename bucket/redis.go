@@ -30,6 +30,8 @@ var (
 	convertLua string
 	//go:embed bucket.lua
 	bucketLua string
+	//go:embed bucket_head.lua
+	bucketHeadLua string
 	//go:embed giveback.lua
 	giveBackLua string
 

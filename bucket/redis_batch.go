@@ -18,7 +18,7 @@ import (
 )
 
 // takeScript runs with EVALSHA, and is reloaded with EVAL on NOSCRIPT.
-var takeScript = redisscript.New(convertLua + bucketLua)
+var takeScript = redisscript.New(bucketHeadLua + convertLua + bucketLua)
 
 // takeReq is one request of bucket.lua: take at least min tokens of key's
 // bucket, at most max.
