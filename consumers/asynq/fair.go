@@ -3,7 +3,6 @@ package asynqthrottle
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/queuethrottle/queuethrottle/internal/fair"
+	"github.com/queuethrottle/queuethrottle/internal/inflight"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
@@ -118,9 +118,7 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 			rl.slot = true
 			return h.waitOut(ctx, span, t, ti, id, rl, at.Add(sd.RetryAfter), false, waits)
 		}
-		err := h.run(ctx, span, t, s)
-		ft.Done()
-		h.recall()
+		err := h.runGranted(ctx, span, t, s, ft)
 		be := backoffOf(err)
 		if be == nil {
 			return false, err
@@ -133,6 +131,17 @@ func (h *handler) runFair(ctx context.Context, span trace.Span, t *asynq.Task, t
 		rl.backoff = true
 		return h.waitOut(ctx, span, t, ti, id, rl, at.Add(d.RetryAfter), false, waits)
 	}
+}
+
+// runGranted runs the task granted ft's handler (see run), and gives the
+// handler back when the wrapped handler returns or panics (the panic goes
+// on to asynq).
+func (h *handler) runGranted(ctx context.Context, span trace.Span, t *asynq.Task, s *inflight.Slot, ft *fair.Ticket) error {
+	defer func() {
+		ft.Done()
+		h.recall()
+	}()
+	return h.run(ctx, span, t, s)
 }
 
 // deferredNow reports whether ft was deferred as it arrived.
@@ -188,10 +197,22 @@ type recalls struct {
 	last      time.Time
 	busy      bool        // a recall's goroutine runs
 	again     bool        // a recall came while busy: run one when it ends
-	timer     *time.Timer // a recall to come (nil: none)
+	timer     *time.Timer // a recall to come (nil: none) ...
+	timerAt   time.Time   // ... at
 }
 
-type deferredTask struct{ id, queue, key string }
+type deferredTask struct {
+	id, queue, key string
+	relisted       bool // found active once (see bringBack)
+}
+
+// recallAhead: a task kept for a retention (asynq.Retention) and due back
+// within it is left to come back by itself. Inspector.RunTask moves a
+// completed task kept for its retention back to pending too, and the
+// check of its state and the move are two calls: one that came back and
+// completed in between would run twice. (Without a retention a completed
+// task is gone, and RunTask finds nothing.)
+const recallAhead = 500 * time.Millisecond
 
 func (r *recalls) add(t deferredTask) {
 	if r.inspector == nil || t.queue == "" {
@@ -216,7 +237,9 @@ func (r *recalls) add(t deferredTask) {
 // listed, a recall that cannot run now is not dropped: it runs when the
 // one running ends, recallEvery after the last, or when a blocked key
 // with deferred tasks is free again; otherwise tasks brought back and
-// done quickly would leave the handlers idle until the others' slots.
+// done quickly would leave the handlers idle until the others' slots. And
+// one runs the server's TaskCheckInterval after tasks were moved, in case
+// another server's workers took them.
 func (h *handler) recall() {
 	r := &h.recalls
 	if r.inspector == nil {
@@ -255,18 +278,26 @@ func (h *handler) recall() {
 	go h.bringBack(picked)
 }
 
-// recallIn runs recall after d, unless one is due already. r.mu is held.
+// recallIn runs recall after d, unless one is due sooner. r.mu is held.
 func (h *handler) recallIn(d time.Duration) {
 	r := &h.recalls
+	at := time.Now().Add(max(d, 0))
 	if r.timer != nil {
-		return
+		if !r.timerAt.After(at) {
+			return
+		}
+		r.timer.Stop()
 	}
-	r.timer = time.AfterFunc(max(d, 0), func() {
+	var t *time.Timer
+	t = time.AfterFunc(max(d, 0), func() {
 		r.mu.Lock()
-		r.timer = nil
+		if r.timer == t {
+			r.timer = nil
+		}
 		r.mu.Unlock()
 		h.recall()
 	})
+	r.timer, r.timerAt = t, at
 }
 
 // pick takes up to want tasks still deferred from the lists of keys, in
@@ -299,13 +330,13 @@ func (h *handler) pick(keys []string, want int) []deferredTask {
 }
 
 // bringBack moves the picked tasks that are still deferred (not back in
-// the middleware) and in the retry set to pending: asynq's RunTask also
-// moves a completed task, kept for its retention, back to pending. One
-// still active (asynq has yet to put it in the retry set) is listed again,
-// first of its key's.
+// the middleware) and in the retry set to pending (see recallAhead). One
+// still active (asynq has yet to put it in the retry set, or another
+// server runs it) is listed again once, last of its key's.
 func (h *handler) bringBack(picked []deferredTask) {
 	r := &h.recalls
 	var notYet []deferredTask
+	moved := false
 	for _, t := range picked {
 		if !h.deferredIDs.Contains(t.id) {
 			continue
@@ -314,14 +345,23 @@ func (h *handler) bringBack(picked []deferredTask) {
 		switch {
 		case err != nil:
 		case info.State == asynq.TaskStateRetry:
-			_ = r.inspector.RunTask(t.queue, t.id)
-		case info.State == asynq.TaskStateActive:
+			if (info.Retention == 0 || time.Until(info.NextProcessAt) > recallAhead) && h.deferredIDs.Contains(t.id) {
+				moved = r.inspector.RunTask(t.queue, t.id) == nil || moved
+			}
+		case info.State == asynq.TaskStateActive && !t.relisted:
+			t.relisted = true
 			notYet = append(notYet, t)
 		}
 	}
 	r.mu.Lock()
-	for _, t := range slices.Backward(notYet) {
-		r.byKey[t.key] = slices.Insert(r.byKey[t.key], 0, t)
+	for _, t := range notYet {
+		r.byKey[t.key] = append(r.byKey[t.key], t)
+	}
+	if moved {
+		// They reach this server's workers within its TaskCheckInterval,
+		// unless another server's take them: look again then, so that
+		// handlers left idle get others.
+		h.recallIn(h.cfg.taskCheck + recallEvery)
 	}
 	again := r.again || len(notYet) > 0
 	r.busy, r.again = false, false

@@ -197,8 +197,17 @@ func TestWithHandlersValidates(t *testing.T) {
 // apart; the rest take 2 ms each. Once the slow one is done, the deferred
 // tasks are brought back one after another (WithInspector) as the handler
 // goes idle, even when each ends within recallEvery of the recall that
-// brought it back, instead of waiting for their slots.
+// brought it back, instead of waiting for their slots. With a second
+// server on the queue that runs what it takes for 3 s (its tasks are
+// active while listed as deferred here), the others are brought back all
+// the same.
 func TestRecallKeepsBringingBack(t *testing.T) {
+	for _, other := range []bool{false, true} {
+		t.Run(fmt.Sprintf("other server=%v", other), func(t *testing.T) { recallKeepsBringingBack(t, other) })
+	}
+}
+
+func recallKeepsBringingBack(t *testing.T, other bool) {
 	const n, slow = 20, 800 * time.Millisecond
 	e := newEnv(t)
 	rec := newRecorder(func(p string, _ int) error {
@@ -214,7 +223,7 @@ func TestRecallKeepsBringingBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defs := newDeferrals()
-	scfg := asynq.Config{Concurrency: 30, ErrorHandler: defs}
+	scfg := asynq.Config{Concurrency: 30, ErrorHandler: defs, TaskCheckInterval: taskCheck}
 	h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(1), WithInspector(e.insp))
 	e.enqueue(t, asynq.NewTask("work", []byte("a-0")), asynq.MaxRetry(3))
 	start := time.Now()
@@ -223,9 +232,21 @@ func TestRecallKeepsBringingBack(t *testing.T) {
 	for i := 1; i < n; i++ {
 		e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "a-%d", i)), asynq.MaxRetry(3))
 	}
-	rec.waitRuns(t, n, 30*time.Second)
+	var elsewhere atomic.Int64
+	if other {
+		time.Sleep(slow + 100*time.Millisecond)
+		e.serve(t, asynq.Config{Concurrency: 2}, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			elsewhere.Add(1)
+			time.Sleep(3 * time.Second)
+			return nil
+		}))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for int64(rec.total())+elsewhere.Load() < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	took := time.Since(start)
-	e.settled(t, "default", 5*time.Second)
+	e.settled(t, "default", 10*time.Second)
 	defs.mu.Lock()
 	defer defs.mu.Unlock()
 	var latest time.Time
@@ -238,15 +259,42 @@ func TestRecallKeepsBringingBack(t *testing.T) {
 		t.Fatalf("%d tasks deferred, want most of the %d behind the slow one", len(defs.returnAt), n-1)
 	}
 	if slots := latest.Sub(start); took > slots/2 {
-		t.Errorf("all %d done %v after the start, want well before the last deferred slot (%v): the idle handler was not given the deferred tasks", n, took, slots)
+		t.Errorf("all %d started %v after the start, want well before the last deferred slot (%v): the idle handler was not given the deferred tasks", n, took, slots)
 	}
 	if len(defs.others) > 0 {
 		t.Errorf("other errors: %v", defs.others)
 	}
-	for i := range n {
-		if runs := len(rec.runsOf(fmt.Sprintf("a-%d", i))); runs != 1 {
-			t.Errorf("a-%d ran %d times", i, runs)
-		}
+	if runs := int64(rec.total()) + elsewhere.Load(); runs != n {
+		t.Errorf("%d runs here and on the other server, want each of the %d tasks once", runs, n)
 	}
-	t.Logf("all %d in %v; %d deferred, the last told to come back %v after the start", n, took, len(defs.returnAt), latest.Sub(start))
+	t.Logf("all %d started in %v (%d on the other server); %d deferred, the last told to come back %v after the start", n, took, elsewhere.Load(), len(defs.returnAt), latest.Sub(start))
+}
+
+// TestPanicGivesHandlerBack: the wrapped handler panics on a task's first
+// run, with one handler in the fair shares; asynq recovers the panic and
+// retries the task, and the handler is free again: the other tenant's
+// tasks and the retry all run.
+func TestPanicGivesHandlerBack(t *testing.T) {
+	e := newEnv(t)
+	rec := newRecorder(func(p string, run int) error {
+		if p == "x-0" && run == 1 {
+			panic("boom")
+		}
+		return nil
+	})
+	lim, err := window.NewMemory(throttle.PerSecond(10_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := asynq.Config{Concurrency: 8}
+	h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(1))
+	e.enqueue(t, asynq.NewTask("work", []byte("x-0")), asynq.MaxRetry(3))
+	for i := 1; i <= 3; i++ {
+		e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "y-%d", i)), asynq.MaxRetry(3))
+	}
+	e.serve(t, scfg, h)
+	rec.waitRuns(t, 5, 10*time.Second)
+	if n := len(rec.runsOf("x-0")); n != 2 {
+		t.Errorf("x-0 ran %d times, want 2 (a panic, then its retry)", n)
+	}
 }

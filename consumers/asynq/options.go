@@ -28,6 +28,7 @@ type config struct {
 	client         *asynq.Client
 	inspector      *asynq.Inspector
 	checkInterval  time.Duration // the server's DelayedTaskCheckInterval
+	taskCheck      time.Duration // the server's TaskCheckInterval
 	maxWait        time.Duration // < 0: checkInterval + 1 s
 	tracerProvider trace.TracerProvider
 	propagators    propagation.TextMapPropagator
@@ -44,7 +45,7 @@ type config struct {
 func taskTypeKey(_ context.Context, t *asynq.Task) (string, error) { return t.Type(), nil }
 
 func newConfig(opts []Option) config {
-	c := config{keyFunc: taskTypeKey, checkInterval: defaultCheckInterval, maxWait: -1}
+	c := config{keyFunc: taskTypeKey, checkInterval: defaultCheckInterval, taskCheck: defaultTaskCheck, maxWait: -1}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -105,9 +106,10 @@ func WithClient(c *asynq.Client) Option {
 // share of the handlers grew after they were deferred (other keys went
 // quiet) and handlers would otherwise idle while they wait in the retry
 // set: a task is deferred to when its key's share at that moment reaches
-// it. Tasks are brought back as handlers end, at most every 50 ms, and
-// again once a key with deferred tasks is no longer blocked by its rate,
-// as long as handlers are free. Without it, such tasks come back when
+// it. Tasks are brought back as handlers end, at most every 50 ms, again
+// once a key with deferred tasks is no longer blocked by its rate, and
+// the server's TaskCheckInterval after a recall (when another server's
+// workers took the tasks it moved), as long as handlers are free. Without it, such tasks come back when
 // they were told to. Nil keeps the default (none).
 func WithInspector(i *asynq.Inspector) Option {
 	return optionFunc(func(c *config) {
@@ -117,8 +119,12 @@ func WithInspector(i *asynq.Inspector) Option {
 	})
 }
 
-// defaultCheckInterval is asynq's default Config.DelayedTaskCheckInterval.
-const defaultCheckInterval = 5 * time.Second
+// defaultCheckInterval and defaultTaskCheck are asynq's defaults of
+// Config.DelayedTaskCheckInterval and Config.TaskCheckInterval.
+const (
+	defaultCheckInterval = 5 * time.Second
+	defaultTaskCheck     = time.Second
+)
 
 // WithServerConfig tells the middleware the asynq.Config of the server it
 // runs in: it reads DelayedTaskCheckInterval (0 means asynq's default,
@@ -130,12 +136,17 @@ const defaultCheckInterval = 5 * time.Second
 //
 // It also reads Concurrency (0 means asynq's default, the number of
 // CPUs): the handlers the fair shares share, unless WithHandlers says
-// otherwise.
+// otherwise; and TaskCheckInterval (0: asynq's default, 1 s), how long a
+// task moved to pending may take to reach a worker (see WithInspector).
 func WithServerConfig(cfg asynq.Config) Option {
 	return optionFunc(func(c *config) {
 		c.checkInterval = defaultCheckInterval
 		if cfg.DelayedTaskCheckInterval > 0 {
 			c.checkInterval = cfg.DelayedTaskCheckInterval
+		}
+		c.taskCheck = defaultTaskCheck
+		if cfg.TaskCheckInterval > 0 {
+			c.taskCheck = cfg.TaskCheckInterval
 		}
 		c.serverWorkers = cfg.Concurrency
 		if c.serverWorkers < 1 {
