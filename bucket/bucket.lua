@@ -63,6 +63,8 @@
 -- every request gets {-left, credit}, left = the µs until the pause ends
 -- (>= 1), and nothing is written.
 
+-- The script is bucket_head.lua, convert.lua, then this file: the head
+-- has decided a lone AllowN it could, or read the instant and the keys.
 local now = headNow or clock(ARGV[1]) -- bucket_head.lua, convert.lua
 
 -- The compact form (nq "-1"): one quota, and each bucket one request of

@@ -37,7 +37,7 @@ func BenchmarkScriptCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := client.ScriptLoad(ctx, convertLua+bucketLua).Result(); err != nil {
+	if _, err := client.ScriptLoad(ctx, bucketHeadLua+convertLua+bucketLua).Result(); err != nil { // takeScript's
 		b.Fatal(err)
 	}
 	// As the bench module's: 1 token per minute, a burst of 10^7.
