@@ -109,8 +109,9 @@ func WithClient(c *asynq.Client) Option {
 // it. Tasks are brought back as handlers end, at most every 50 ms, again
 // once a key with deferred tasks is no longer blocked by its rate, and
 // the server's TaskCheckInterval after a recall (when another server's
-// workers took the tasks it moved), as long as handlers are free. Without it, such tasks come back when
-// they were told to. Nil keeps the default (none).
+// workers took the tasks it moved), as long as handlers are free.
+// Without it, such tasks come back when they were told to. Nil keeps the
+// default (none).
 func WithInspector(i *asynq.Inspector) Option {
 	return optionFunc(func(c *config) {
 		if i != nil {
