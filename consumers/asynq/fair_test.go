@@ -14,7 +14,6 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/queuethrottle/queuethrottle/throttle"
-	"github.com/queuethrottle/queuethrottle/window"
 )
 
 // tenantKey keys a task by its payload's prefix: "hog-7" is tenant hog.
@@ -76,17 +75,13 @@ func TestFairShares(t *testing.T) {
 			e := newEnv(t)
 			var c concurrent
 			rec := newRecorder(c.work(work))
-			lim, err := window.NewMemory(throttle.PerSecond(10_000))
-			if err != nil {
-				t.Fatal(err)
-			}
 			defs := newDeferrals()
 			scfg := asynq.Config{Concurrency: 40, ErrorHandler: defs}
 			if !fairOn {
 				scfg.Concurrency = 4 // first come, first served on 4 workers
 			}
 			scfg.DelayedTaskCheckInterval = delayedCheck
-			h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(4), WithFair(fairOn), WithInspector(e.insp))
+			h := NewHandler(rec, roomyGate(t), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(4), WithFair(fairOn), WithInspector(e.insp))
 			for i := range hog {
 				e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "hog-%d", i)), asynq.MaxRetry(3))
 			}
@@ -148,13 +143,9 @@ func TestInspectorBringsDeferredBack(t *testing.T) {
 	e := newEnv(t)
 	var c concurrent
 	rec := newRecorder(c.work(work))
-	lim, err := window.NewMemory(throttle.PerSecond(10_000))
-	if err != nil {
-		t.Fatal(err)
-	}
 	defs := newDeferrals()
 	scfg := asynq.Config{Concurrency: 24, ErrorHandler: defs, DelayedTaskCheckInterval: delayedCheck}
-	h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(4), WithInspector(e.insp))
+	h := NewHandler(rec, roomyGate(t), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(4), WithInspector(e.insp))
 	const long, short = 240, 12
 	for i := range long {
 		e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "long-%d", i)), asynq.MaxRetry(3))
@@ -218,13 +209,9 @@ func recallKeepsBringingBack(t *testing.T, other bool) {
 		}
 		return nil
 	})
-	lim, err := window.NewMemory(throttle.PerSecond(10_000))
-	if err != nil {
-		t.Fatal(err)
-	}
 	defs := newDeferrals()
 	scfg := asynq.Config{Concurrency: 30, ErrorHandler: defs, TaskCheckInterval: taskCheck}
-	h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(1), WithInspector(e.insp))
+	h := NewHandler(rec, roomyGate(t), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(1), WithInspector(e.insp))
 	e.enqueue(t, asynq.NewTask("work", []byte("a-0")), asynq.MaxRetry(3))
 	start := time.Now()
 	e.serve(t, scfg, h)
@@ -282,12 +269,8 @@ func TestPanicGivesHandlerBack(t *testing.T) {
 		}
 		return nil
 	})
-	lim, err := window.NewMemory(throttle.PerSecond(10_000))
-	if err != nil {
-		t.Fatal(err)
-	}
 	scfg := asynq.Config{Concurrency: 8}
-	h := NewHandler(rec, newGate(t, lim), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(1))
+	h := NewHandler(rec, roomyGate(t), WithKeyFunc(tenantKey), WithServerConfig(scfg), WithHandlers(1))
 	e.enqueue(t, asynq.NewTask("work", []byte("x-0")), asynq.MaxRetry(3))
 	for i := 1; i <= 3; i++ {
 		e.enqueue(t, asynq.NewTask("work", fmt.Appendf(nil, "y-%d", i)), asynq.MaxRetry(3))

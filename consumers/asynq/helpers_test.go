@@ -11,6 +11,7 @@ import (
 
 	"github.com/queuethrottle/queuethrottle/internal/redistest"
 	"github.com/queuethrottle/queuethrottle/throttle"
+	"github.com/queuethrottle/queuethrottle/window"
 )
 
 func TestMain(m *testing.M) {
@@ -168,6 +169,17 @@ func newGate(t *testing.T, l throttle.Limiter, opts ...throttle.Option) *throttl
 		t.Fatalf("NewGate: %v", err)
 	}
 	return g
+}
+
+// roomyGate returns a gate whose limit (10,000 a second, in memory) no
+// test reaches: the handlers, not the rate, are what its tasks wait for.
+func roomyGate(t *testing.T) *throttle.Gate {
+	t.Helper()
+	l, err := window.NewMemory(throttle.PerSecond(10_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newGate(t, l)
 }
 
 // payloadKey keys tasks by payload, so each test task has its own plan.
