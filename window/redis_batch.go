@@ -114,6 +114,10 @@ func (l *Redis) one(ctx context.Context, r request) (throttle.Decision, error) {
 	}
 	var d [1]throttle.Decision
 	v := cmd.Val()
+	if len(v) == 2 && v[0] > 0 { // the short form's admission: {code, now} (see window_head.lua)
+		whole := [replyInts + 1]int64{v[0], 0, r.win, v[1]}
+		v = whole[:]
+	}
 	if len(v) == replyInts+1 { // and now
 		l.noteReply(&r, v, v[replyInts])
 		v = v[:replyInts]

@@ -52,7 +52,8 @@
 --              earlier than now + A µs (A >= 1), which never admits now
 --              and gives up a reservation the id holds before then.
 --   A call of one AllowN of cost 1 on the server's clock may come in a
---   short form (see window_head.lua).
+--   short form, and its admission be answered {code, now} alone (see
+--   window_head.lua).
 -- The compact forms, of AllowN requests of cost 1 on the server's clock:
 -- ARGV[1] "", ARGV[2] "p" or "q", ARGV[3] as above, ARGV[4] and ARGV[5]
 -- the window and limit of every key, then key after key: "p", its held

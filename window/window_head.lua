@@ -60,9 +60,11 @@ end
 
 -- A lone AllowN of one unit on a plain key (see plainKey in plain.lua, and
 -- its expiry marker), decided before any function or table is made: the
--- most calls made one at a time. counted is the set's count of units in
--- the window when the unit does not fit (plain.lua's loop starts from
--- it), else nil.
+-- most calls made one at a time. Its admission replies {code, now}
+-- alone (retry 0 and the window as the reset are implied: two integers
+-- fewer for Redis to convert). counted is the set's count of units in the
+-- window when the unit does not fit (plain.lua's loop starts from it),
+-- else nil.
 local counted
 if short then
 	if not got[1] and not got[2] then
@@ -87,7 +89,7 @@ if short then
 				redis.call("ZADD", key, score, marker)
 				redis.call("PEXPIREAT", key, string.format("%d", e), "GT")
 			end
-			return {limit - count, 0, nominal, now0}
+			return {limit - count, now0}
 		end
 		if count ~= 0 then -- (0: maybe lost; decideKey looks)
 			counted = count
