@@ -79,7 +79,7 @@ func (l *Redis) pauseFor(ctx context.Context, key string, d time.Duration) (time
 	if l.clock != nil {
 		now = l.clock.Now().UnixMicro()
 	}
-	left, err := pause.Redis(ctx, l.client, rediskey.Key(l.prefix, key), d, now)
+	left, err := pause.Redis(ctx, l.client, rediskey.Key(l.prefix, key), false, d, now)
 	if err != nil {
 		return 0, fmt.Errorf("bucket: redis: pause: %w", err)
 	}

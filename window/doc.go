@@ -111,6 +111,17 @@
 // earlier versions drop the markers the same way and keep their own
 // expiry, so both decide correctly on the same keys.
 //
+// The marker also tells that the key is plain: a set holds one only
+// while its key has neither pause nor schedule (every path that writes a
+// marker looks first; Pause, a reservation and the loss of a set drop or
+// find none), so a lone AllowN whose marker is in place reads neither.
+// One that finds it missing or moved looks, and when the key has either,
+// takes its unit back and decides on the full path. A pause recorded by
+// a process of an earlier version (its Pause left the marker) is seen by
+// today's lone calls within half a window, as the marker moves, and by
+// every other decision at once; no decision goes over the limit
+// meanwhile.
+//
 // Decisions are coalesced (group commit): a call that finds no other in
 // flight goes at once, alone; while calls are in flight, the decisions
 // of other goroutines queue, and the next flush sends them together, at

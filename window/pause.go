@@ -51,8 +51,10 @@ func (m *Memory) paused(key string, now, left int64, r throttle.Rate, perUS int6
 // Redis server's TIME, or the WithClock clock); one script sets it only if
 // that is later than the end already recorded (a longer pause extends, a
 // shorter one never shortens), and it expires when the pause ends.
-// window.lua reads it with one GET per script call (every request of a
-// coalesced batch is rejected while it holds). Reset ends it.
+// window.lua reads it with the key's schedule, with one EXISTS per script
+// call (every request of a coalesced batch is rejected while it holds),
+// and a lone AllowN only when the set's expiry marker is missing, which
+// this script drops (see the package documentation). Reset ends it.
 //
 // With WithClock the key still expires after d of the Redis server's real
 // time: a client clock that runs slower than real time sees the pause end
@@ -74,7 +76,7 @@ func (l *Redis) Pause(ctx context.Context, key string, d time.Duration) error {
 	if l.clock != nil {
 		now, _ = instant(l.clock.Now(), 0)
 	}
-	if _, err := pause.Redis(ctx, l.client, l.key(key), d, now); err != nil {
+	if _, err := pause.Redis(ctx, l.client, l.key(key), true, d, now); err != nil {
 		return fmt.Errorf("window: redis: pause: %w", err)
 	}
 	return nil

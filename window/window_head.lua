@@ -43,7 +43,9 @@ end
 -- half an MGET, and the MGET only when one of them is there (a key with
 -- reservations or a pause): most calls have neither.
 local got = {}
-if #KEYS == stride then
+if short then
+	-- A lone call looks only when it must (see below).
+elseif #KEYS == stride then
 	if redis.call("EXISTS", KEYS[2], KEYS[3]) > 0 then
 		got = redis.call("MGET", KEYS[2], KEYS[3])
 	end
@@ -60,40 +62,67 @@ end
 
 -- A lone AllowN of one unit on a plain key (see plainKey in plain.lua, and
 -- its expiry marker), decided before any function or table is made: the
--- most calls made one at a time. Its admission replies {code, now}
--- alone (retry 0 and the window as the reset are implied: two integers
--- fewer for Redis to convert). counted is the set's count of units in the
+-- most calls made one at a time. Its admission replies {code, now} alone
+-- (retry 0 and the window as the reset are implied: two integers fewer
+-- for Redis to convert). counted is the set's count of units in the
 -- window when the unit does not fit (plain.lua's loop starts from it),
 -- else nil.
+--
+-- The marker tells that the key is plain: a set holds one only while its
+-- key has neither schedule nor pause, as every path that writes a marker
+-- looks first (the EXISTS above, or this path's), and every writer of a
+-- schedule or pause drops the markers: window.lua's decisions, and
+-- joint.lua's, drop from -inf before they write (a Peek writes nothing),
+-- replan.lua moves reservations that those wrote, and pause.lua drops
+-- them. So a unit added beside its marker in place (ZADD's
+-- reply 1) needs no look; a reply of 2 (the marker moved, or was missing)
+-- looks, and takes both back when the key has either. A pause set by an
+-- earlier version (its pause.lua wrote the pause key alone) is seen here
+-- once the marker moves, within half a window; no admission goes over
+-- the limit meanwhile (a pause only holds a key below it).
 local counted
 if short then
-	if not got[1] and not got[2] then
-		local key, nominal = KEYS[1], ARGV[2] + 0 -- (+ 0: a tonumber without the call)
-		local window = nominal + slack
-		local count = redis.call("ZCOUNT", key, string.format("(%d", now0 - window), "+inf")
-		local limit = ARGV[3] + 0
-		if count + 1 <= limit and not (count == 0 and ARGV[4] ~= "0" and tonumber(ARGV[4]) > now0) then
-			local half, need = window + 1999, now0 + window + 999 -- E as plain.lua's
-			half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
-			local e = need - need % half + half
-			local score, marker = string.format("%d", e - 9007199254740992), "~e" .. ARGV[2]
-			if count == 0 then -- a set with no unit in the window starts anew (see plainKey)
+	local key, nominal = KEYS[1], ARGV[2] + 0 -- (+ 0: a tonumber without the call)
+	local window = nominal + slack
+	local count = redis.call("ZCOUNT", key, string.format("(%d", now0 - window), "+inf")
+	local limit = ARGV[3] + 0
+	local plain -- the key has neither schedule nor pause; nil: not looked yet
+	if count + 1 <= limit and not (count == 0 and ARGV[4] ~= "0" and tonumber(ARGV[4]) > now0) then
+		local half, need = window + 1999, now0 + window + 999 -- E as plain.lua's
+		half, need = (half - half % 2000) / 2000, (need - need % 1000) / 1000
+		local e = need - need % half + half
+		local score, marker = string.format("%d", e - 9007199254740992), "~e" .. ARGV[2]
+		if count == 0 then -- a set with no unit in the window starts anew (see plainKey)
+			plain = redis.call("EXISTS", KEYS[2], KEYS[3]) == 0
+			if plain then
 				local old = redis.call("PEXPIRETIME", key)
 				if old ~= -2 then
 					redis.call("DEL", key)
 				end
 				redis.call("ZADD", key, score, marker, nowString, ARGV[5])
 				redis.call("PEXPIREAT", key, string.format("%d", math.max(e, old)))
-			elseif redis.call("ZADD", key, "GT", "CH", score, marker, nowString, ARGV[5]) == 2 then
+				return {limit - count, now0}
+			end
+		elseif redis.call("ZADD", key, "GT", "CH", score, marker, nowString, ARGV[5]) == 1 then
+			return {limit - count, now0}
+		else
+			plain = redis.call("EXISTS", KEYS[2], KEYS[3]) == 0
+			if plain then
 				redis.call("ZREMRANGEBYSCORE", key, "-inf", string.format("%d", now0 - window))
 				redis.call("ZADD", key, score, marker)
 				redis.call("PEXPIREAT", key, string.format("%d", e), "GT")
+				return {limit - count, now0}
 			end
-			return {limit - count, now0}
+			redis.call("ZREM", key, ARGV[5], marker) -- a schedule or a pause: window.lua decides
 		end
-		if count ~= 0 then -- (0: maybe lost; decideKey looks)
-			counted = count
-		end
+	end
+	if plain == nil then
+		plain = redis.call("EXISTS", KEYS[2], KEYS[3]) == 0
+	end
+	if not plain then
+		got = redis.call("MGET", KEYS[2], KEYS[3])
+	elseif count ~= 0 then -- it does not fit (0: maybe lost; decideKey looks)
+		counted = count
 	end
 	-- The whole form, from the last argument down.
 	ARGV[10], ARGV[9], ARGV[8], ARGV[7] = "-1", ARGV[5], "1", "1"

@@ -2,6 +2,10 @@
 --
 -- KEYS[1]  the key's pause: a string beside the key's data (same slot),
 --          holding the instant the pause ends, µs since the Unix epoch.
+-- KEYS[2]  optional: a window's sorted set, whose expiry markers (its
+--          members scored below 0) are dropped: a lone decision of the
+--          window reads the pause only when its set's marker is missing
+--          (see window/window_head.lua).
 -- ARGV[1]  the pause, µs (integer, 1 .. 2^52).
 -- ARGV[2]  optional: now, µs, from the client's clock. Absent: now is the
 --          server's TIME rounded up to the next µs.
@@ -14,6 +18,9 @@
 --
 -- Returns the µs the key stays paused after now (the longer pause's).
 
+if KEYS[2] then
+	redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", "(0")
+end
 local d = tonumber(ARGV[1])
 local now
 if ARGV[2] then
