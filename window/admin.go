@@ -167,7 +167,9 @@ var argPeek any = "-2"
 
 // Reset deletes key's sorted set (and its clock floor, schedule and pause):
 // the key is back to its initial state in every process that shares the
-// Redis. Resetting an unknown key is not an error. Errors are Redis or context errors
+// Redis. A set that existed is left holding one member no decision
+// counts until its expiry (see reset.lua): a process that saw a unit
+// admitted would take a set gone for a lost one and pause the key. Resetting an unknown key is not an error. Errors are Redis or context errors
 // (bounded by WithTimeout), wrapped as "window: redis: ...".
 func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)

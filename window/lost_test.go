@@ -245,3 +245,42 @@ func TestRedisShrunkWindowKeepsExpiry(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisResetIsNoLoss: Reset and a Refund that empty a key's set in one
+// process are not a loss to another process that saw its units admitted
+// (and holds them, see "Lost sets"): its next decisions are admitted as on
+// a new key, lone, of several units and by id, not paused for a window.
+func TestRedisResetIsNoLoss(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	rate := throttle.Rate{Count: 5, Per: time.Minute}
+	a := newTestRedis(t, client, rate)
+	b := newTestRedis(t, client, rate, WithPrefix(a.prefix))
+	admitted := func(step string, d throttle.Decision, err error, remaining int) {
+		t.Helper()
+		if err != nil || !d.Allowed || d.Remaining != remaining {
+			t.Fatalf("%s: %+v, %v; want admitted with %d remaining", step, d, err, remaining)
+		}
+	}
+	for i := range 2 {
+		d, err := b.Allow(ctx, "k")
+		admitted("Allow", d, err, rate.Count-1-i)
+	}
+	if err := a.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.Allow(ctx, "k")
+	admitted("Allow after another process's Reset", d, err, rate.Count-1)
+	d, err = b.AllowN(ctx, "k", 2)
+	admitted("AllowN(2) after it", d, err, rate.Count-3)
+
+	// A set of one id's units alone (AllowID writes no expiry marker),
+	// refunded by another process.
+	d, err = b.AllowID(ctx, "r", 2, "x", time.Minute)
+	admitted("AllowID", d, err, rate.Count-2)
+	if ok, err := a.Refund(ctx, "r", 2, "x"); err != nil || !ok {
+		t.Fatalf("Refund = %v, %v; want the id's units taken back", ok, err)
+	}
+	d, err = b.AllowID(ctx, "r", 1, "y", time.Minute)
+	admitted("AllowID after another process's Refund emptied the set", d, err, rate.Count-1)
+}

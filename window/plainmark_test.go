@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,5 +143,48 @@ func TestLoneCallSeesReservation(t *testing.T) {
 	}
 	if n := len(unitsOf(ctx, client, key)); n != 3 {
 		t.Fatalf("the set holds %d units, want 3 (two admitted, one reserved)", n)
+	}
+}
+
+// TestReplanDropsMarkers: a schedule lost alone (evicted) leaves its
+// reservations in the set, and a lone call then writes the marker back
+// beside them; Replan, writing the schedule again after a quota cut,
+// drops the marker, so the next lone admission looks at the schedule and
+// reports the reset after the reservation, as window.Memory does.
+func TestReplanDropsMarkers(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	var limit atomic.Int64
+	limit.Store(4)
+	rate := throttle.Rate{Count: 4, Per: time.Minute}
+	l := newTestRedis(t, client, rate, WithQuotas(func(string) throttle.Quota {
+		return throttle.Quota{Rate: throttle.Rate{Count: int(limit.Load()), Per: time.Minute}}
+	}))
+	key := l.key("k")
+	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow = %+v, %v, want admitted", d, err)
+	}
+	const ahead = 30 * time.Second
+	if d, err := l.AllowIDAfter(ctx, "k", 1, "x", time.Minute, ahead); err != nil || !d.Reserved {
+		t.Fatalf("AllowIDAfter = %+v, %v, want a reservation %v ahead", d, err, ahead)
+	}
+	client.Del(ctx, key+hintSuffix) // the schedule evicted
+	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("Allow = %+v, %v, want admitted", d, err)
+	}
+	limit.Store(2)
+	if n, err := l.Replan(ctx, "k"); err != nil || n == 0 {
+		t.Fatalf("Replan = %d, %v after a cut to 2 with 3 units, want the reservation moved", n, err)
+	}
+	if _, ok := markerOf(ctx, t, client, key, rate); ok {
+		t.Fatal("an expiry marker beside the schedule Replan wrote")
+	}
+	limit.Store(5)
+	d, err := l.Allow(ctx, "k")
+	if err != nil || !d.Allowed {
+		t.Fatalf("Allow = %+v, %v, want admitted", d, err)
+	}
+	if min := rate.Per + ahead; d.ResetAfter < min {
+		t.Fatalf("Allow's ResetAfter = %v beside a reservation at least %v ahead, want at least %v", d.ResetAfter, ahead, min)
 	}
 }

@@ -9,7 +9,9 @@
 --          "A"..i..":"..id and its reserved ones "R"..i..":"..id, i = 1..n.
 --
 -- Removes them all, in batches that keep unpack() within Lua's stack. The
--- key's expiry and clock floor stay (an empty set is deleted by Redis).
+-- key's expiry and clock floor stay. A set they empty is written anew
+-- with only the member "~r" until its expiry, as reset.lua does: a
+-- process that saw them admitted would take a set gone for a lost one.
 --
 -- Returns the number of members removed.
 
@@ -17,6 +19,7 @@ local key = KEYS[1]
 local n = tonumber(ARGV[1])
 local id = ARGV[2]
 local removed = 0
+local expires = redis.call("PEXPIRETIME", key) -- ms; -2: missing, -1: no expiry
 for _, kind in ipairs({ "A", "R" }) do
 	local i = 1
 	while i <= n do
@@ -27,6 +30,10 @@ for _, kind in ipairs({ "A", "R" }) do
 		end
 		removed = removed + redis.call("ZREM", key, unpack(batch))
 	end
+end
+if removed > 0 and expires > 0 and redis.call("EXISTS", key) == 0 then
+	redis.call("ZADD", key, "-9007199254740992", "~r")
+	redis.call("PEXPIREAT", key, expires)
 end
 if removed > 0 then
 	local newest = string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")

@@ -135,6 +135,7 @@ end
 -- newest has passed by lateGrace (10 s) and a window.
 local bound = math.max(newest, tonumber(string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")) or 0)
 local ms = math.ceil((bound + 10000000 - now + window) / 1000)
+redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", "(0") -- no expiry marker beside a schedule (see window_head.lua)
 redis.call("SET", KEYS[2], string.format("%d 0 0 0 0", bound), "PX", ms)
 redis.call("PEXPIRE", KEYS[1], ms, "GT")
 return moved

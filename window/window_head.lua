@@ -73,8 +73,8 @@ end
 -- looks first (the EXISTS above, or this path's), and every writer of a
 -- schedule or pause drops the markers: window.lua's decisions, and
 -- joint.lua's, drop from -inf before they write (a Peek writes nothing),
--- replan.lua moves reservations that those wrote, and pause.lua drops
--- them. So a unit added beside its marker in place (ZADD's
+-- and replan.lua and pause.lua drop them (a schedule lost alone, evicted,
+-- leaves reservations that replan.lua may find beside a marker). So a unit added beside its marker in place (ZADD's
 -- reply 1) needs no look; a reply of 2 (the marker moved, or was missing)
 -- looks, and takes both back when the key has either. A pause set by an
 -- earlier version (its pause.lua wrote the pause key alone) is seen here
