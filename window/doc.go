@@ -223,8 +223,9 @@
 // is not seen either: up to the units lost may be admitted again. Bound
 // that with persistence (appendfsync always) or, for failovers, with
 // replicas acknowledged before a decision counts (WAIT; not done by this
-// package). A Refund or Reset in another process can make a set look lost:
-// the key then pauses for one window (never admits more). AllowJoint
+// package). A Refund or Reset in another process does not make a set look
+// lost: a set they empty keeps, until its expiry, one member no decision
+// counts ("~r", scored below every unit and marker). AllowJoint
 // (stacked windows in one script) checks each of its windows the same way.
 // With WithClock the check is off: Redis expires keys on its own time, so
 // under a client clock slower than it an expiry would look like a loss.
