@@ -70,7 +70,7 @@ var (
 	resetLua string
 
 	peekScript  = redis.NewScript(convertLua + peekLua)
-	resetScript = redis.NewScript(convertLua + resetLua)
+	resetScript = redis.NewScript(resetLua)
 )
 
 // Peek returns what AllowN(ctx, key, n) would return at this instant (the
@@ -129,9 +129,7 @@ func (l *Redis) peek(ctx context.Context, key string, lim *keyLimits) (int64, in
 
 // Reset deletes key's bucket, its ids set and its pause: the key is
 // full again, with no id remembered and not paused, in every process that
-// shares the Redis. A bucket that existed is stored full until its
-// expiry, not deleted: a process that took tokens from it would take it
-// gone for lost and start it empty (see the package documentation).
+// shares the Redis.
 // Resetting an unknown key is not an error. Errors are Redis or context
 // errors (bounded by WithTimeout), wrapped as "bucket: redis: ...".
 func (l *Redis) Reset(ctx context.Context, key string) error {
@@ -139,15 +137,7 @@ func (l *Redis) Reset(ctx context.Context, key string) error {
 	defer cancel()
 	k := rediskey.Key(l.prefix, key)
 	l.held.Forget(k) // emptied on purpose
-	lim, err := l.lims.of(key)
-	if err != nil || lim == nil {
-		lim = l.lims.def // a key its quota blocks or fails: stored full at the limiter's own rate
-	}
-	args := []any{lim.argPer, lim.argCap}
-	if l.clock != nil {
-		args = append(args, strconv.FormatInt(l.clock.Now().UnixMicro(), 10))
-	}
-	if err := resetScript.Run(ctx, l.client, []string{k, k + idsSuffix, k + pause.Suffix}, args...).Err(); err != nil {
+	if err := resetScript.Run(ctx, l.client, []string{k, k + idsSuffix, k + pause.Suffix}).Err(); err != nil {
 		return fmt.Errorf("bucket: redis: %w", redisopt.Explain("bucket", err))
 	}
 	return nil

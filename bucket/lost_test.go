@@ -93,29 +93,3 @@ func TestRedisLostBucketNeverOverAdmits(t *testing.T) {
 		t.Fatalf("only %d admitted over %v (bound %d): a loss should cost about a burst, not the run", len(admitted), span, bound)
 	}
 }
-
-// TestRedisResetIsNoLoss: Reset in one process is not a loss to another
-// that took tokens from the bucket (and holds it, see the package
-// documentation): its next decisions find the bucket full, lone and
-// coalesced, not empty as after a loss.
-func TestRedisResetIsNoLoss(t *testing.T) {
-	ctx := context.Background()
-	rate := throttle.Rate{Count: 5, Per: time.Minute}
-	a, client := newTestRedis(t, rate, 5)
-	b := patient(t, client, a)
-	for i := range 3 {
-		if d, err := b.Allow(ctx, "k"); err != nil || !d.Allowed || d.Remaining != 4-i {
-			t.Fatalf("Allow = %+v, %v; want admitted with %d remaining", d, err, 4-i)
-		}
-	}
-	if err := a.Reset(ctx, "k"); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := b.Allow(ctx, "k"); err != nil || !d.Allowed || d.Remaining != 4 {
-		t.Fatalf("Allow after another process's Reset = %+v, %v; want admitted from a full bucket, 4 remaining", d, err)
-	}
-	ds, err := b.AllowBatch(ctx, []throttle.Request{{Key: "k", N: 2}, {Key: "other", N: 1}})
-	if err != nil || !ds[0].Allowed || ds[0].Remaining != 2 {
-		t.Fatalf("AllowBatch after it = %+v, %v; want k admitted with 2 remaining", ds, err)
-	}
-}

@@ -283,4 +283,26 @@ func TestRedisResetIsNoLoss(t *testing.T) {
 	}
 	d, err = b.AllowID(ctx, "r", 1, "y", time.Minute)
 	admitted("AllowID after another process's Refund emptied the set", d, err, rate.Count-1)
+
+	// After the Reset, calls that write nothing (an AllowIDAfter whose slot
+	// lies beyond its horizon) leave the set gone; a joint decision looks
+	// the same way.
+	d, err = b.Allow(ctx, "j")
+	admitted("Allow", d, err, rate.Count-1)
+	if err := a.Reset(ctx, "j"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := a.AllowIDAfter(ctx, "j", 1, "z", 0, time.Second); err != nil || d.Allowed || d.Reserved {
+		t.Fatalf("AllowIDAfter beyond its horizon = %+v, %v; want a rejection, nothing reserved", d, err)
+	}
+	ds, _, err := b.AllowJoint(ctx, []throttle.Limiter{b}, []string{"j"}, 1)
+	if err != nil || !ds[0].Allowed || ds[0].Remaining != rate.Count-1 {
+		t.Fatalf("AllowJoint after the Reset = %+v, %v; want admitted with %d remaining", ds, err, rate.Count-1)
+	}
+
+	// A loss after an admission that followed the Reset is still one.
+	client.Del(ctx, b.key("k"))
+	if d, err := b.Allow(ctx, "k"); err != nil || d.Allowed {
+		t.Fatalf("Allow after the set admitted since the Reset was lost = %+v, %v; want paused", d, err)
+	}
 }

@@ -214,7 +214,11 @@ local function decideKey(s, a, g)
 
 	-- Lost (see "Lost sets" above): the set holds no unit while held says
 	-- one counts. The fast path's count and drop tell; else one EXISTS does.
-	local suspect = held > now
+	-- Nor is a set gone while its pause key, paused no more, holds an
+	-- instant no earlier than the admission held stands for (held - the
+	-- window: see noteReply): Reset and a Refund that empty the set leave
+	-- their instant there (see reset.lua).
+	local suspect = held > now and not (pausedUntil and held - nominal <= pausedUntil)
 	local function lose()
 		pausedUntil = now + window
 		redis.call("SET", KEYS[s + 3], str(pausedUntil), "PX", math.ceil(window / 1000))
