@@ -5,10 +5,10 @@
 --          a unit goes (a hint holds only while units are added), its
 --          newest reservation kept.
 -- KEYS[3]  the key's pause (see window.lua).
--- ARGV[3]  "1": the server's clock (see reset.lua).
 -- ARGV[1]  n, the cost the id was presented with (1 <= n <= MaxCost).
 -- ARGV[2]  id: AllowID's identity; its admitted units are members
 --          "A"..i..":"..id and its reserved ones "R"..i..":"..id, i = 1..n.
+-- ARGV[3]  "1": the server's clock (see reset.lua).
 --
 -- Removes them all, in batches that keep unpack() within Lua's stack. The
 -- key's expiry and clock floor stay. A set they empty leaves a pause key
