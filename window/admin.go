@@ -165,29 +165,16 @@ var resetScript = redis.NewScript(resetLua)
 // argPeek is the horizon argument that tells window.lua to write nothing.
 var argPeek any = "-2"
 
-// serverClock is reset.lua's and refund.lua's ARGV: "1" on the server's
-// clock, where they record the instant a set was emptied for the lost-set
-// check, "0" with WithClock (no check).
-func (l *Redis) serverClock() string {
-	if l.clock == nil {
-		return "1"
-	}
-	return "0"
-}
-
 // Reset deletes key's sorted set (and its clock floor, schedule and pause):
 // the key is back to its initial state in every process that shares the
-// Redis. On the server's clock, a set that existed leaves the instant of
-// the reset in the key's pause key (a pause long ended) until its old
-// expiry: a process that saw a unit admitted before then would take the
-// set gone for a lost one and pause the key (see reset.lua). Resetting an unknown key is not an error. Errors are Redis or context errors
+// Redis. Resetting an unknown key is not an error. Errors are Redis or context errors
 // (bounded by WithTimeout), wrapped as "window: redis: ...".
 func (l *Redis) Reset(ctx context.Context, key string) error {
 	ctx, cancel := deadline.Bound(ctx, l.timeout)
 	defer cancel()
 	k := l.key(key)
 	l.held.Forget(k) // the set is emptied on purpose
-	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix, k + pause.Suffix}, l.serverClock()).Err(); err != nil {
+	if err := resetScript.Run(ctx, l.client, []string{k, k + floorSuffix, k + hintSuffix, k + pause.Suffix}).Err(); err != nil {
 		return fmt.Errorf("window: redis: %w", err)
 	}
 	return nil

@@ -223,13 +223,8 @@
 // is not seen either: up to the units lost may be admitted again. Bound
 // that with persistence (appendfsync always) or, for failovers, with
 // replicas acknowledged before a decision counts (WAIT; not done by this
-// package). A Reset or a Refund that empties a set in another process is
-// no loss: they leave the instant in the key's pause key (a pause long
-// ended) until the set's old expiry, and a process whose held stands for
-// an admission no later than it (held - the window) takes the set gone
-// for theirs; one that saw an admission after it still finds a loss. A
-// Pause in between overwrites that instant, and the key may then pause
-// for a window once the pause ends (never admitting more). AllowJoint
+// package). A Refund or Reset in another process can make a set look lost:
+// the key then pauses for one window (never admits more). AllowJoint
 // (stacked windows in one script) checks each of its windows the same way.
 // With WithClock the check is off: Redis expires keys on its own time, so
 // under a client clock slower than it an expiry would look like a loss.

@@ -113,8 +113,7 @@ for i = 1, parts do
 	local top = newestScore(key, now)
 	local pausedUntil = tonumber(redis.call("GET", KEYS[3 * i]))
 	local paused = pausedUntil and pausedUntil > now
-	local held = tonumber(ARGV[5 + 3 * i])
-	if not paused and count == 0 and held > now and not (pausedUntil and held - nominal <= pausedUntil) then -- (a Reset's instant: see window.lua's suspect)
+	if not paused and count == 0 and tonumber(ARGV[5 + 3 * i]) > now then
 		-- Lost (window.lua's "Lost sets"): recovering for a window.
 		pausedUntil, paused = now + window, true
 		redis.call("SET", KEYS[3 * i], string.format("%d", pausedUntil), "PX", math.ceil(window / 1000))

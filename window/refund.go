@@ -10,7 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/queuethrottle/queuethrottle/internal/deadline"
-	"github.com/queuethrottle/queuethrottle/internal/pause"
 	"github.com/queuethrottle/queuethrottle/internal/redisopt"
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
@@ -69,7 +68,7 @@ func (l *Redis) Refund(ctx context.Context, key string, n int, id string) (bool,
 	defer cancel()
 	k := l.key(key)
 	l.held.Forget(k) // the refund may empty the set
-	removed, err := refundScript.Run(ctx, l.client, []string{k, k + hintSuffix, k + pause.Suffix}, strconv.Itoa(n), id, l.serverClock()).Int64()
+	removed, err := refundScript.Run(ctx, l.client, []string{k, k + hintSuffix}, strconv.Itoa(n), id).Int64()
 	if err != nil {
 		return false, fmt.Errorf("window: redis: %w", redisopt.Explain("window", err))
 	}

@@ -4,17 +4,12 @@
 -- KEYS[2]  the key's schedule (see window.lua): its hint is forgotten when
 --          a unit goes (a hint holds only while units are added), its
 --          newest reservation kept.
--- KEYS[3]  the key's pause (see window.lua).
 -- ARGV[1]  n, the cost the id was presented with (1 <= n <= MaxCost).
 -- ARGV[2]  id: AllowID's identity; its admitted units are members
 --          "A"..i..":"..id and its reserved ones "R"..i..":"..id, i = 1..n.
--- ARGV[3]  "1": the server's clock (see reset.lua).
 --
 -- Removes them all, in batches that keep unpack() within Lua's stack. The
--- key's expiry and clock floor stay. A set they empty leaves a pause key
--- holding the instant until its expiry, unless the key has one, as
--- reset.lua does: a process that saw them admitted would take a set gone
--- for a lost one.
+-- key's expiry and clock floor stay (an empty set is deleted by Redis).
 --
 -- Returns the number of members removed.
 
@@ -22,7 +17,6 @@ local key = KEYS[1]
 local n = tonumber(ARGV[1])
 local id = ARGV[2]
 local removed = 0
-local expires = redis.call("PEXPIRETIME", key) -- ms; -2: missing, -1: no expiry
 for _, kind in ipairs({ "A", "R" }) do
 	local i = 1
 	while i <= n do
@@ -33,10 +27,6 @@ for _, kind in ipairs({ "A", "R" }) do
 		end
 		removed = removed + redis.call("ZREM", key, unpack(batch))
 	end
-end
-if removed > 0 and expires > 0 and ARGV[3] == "1" and redis.call("EXISTS", key) == 0 then
-	local t = redis.call("TIME")
-	redis.call("SET", KEYS[3], string.format("%d", t[1] * 1000000 + t[2] + 1), "PXAT", expires, "NX")
 end
 if removed > 0 then
 	local newest = string.match(redis.call("GET", KEYS[2]) or "", "^(%d+) ")

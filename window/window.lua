@@ -214,11 +214,7 @@ local function decideKey(s, a, g)
 
 	-- Lost (see "Lost sets" above): the set holds no unit while held says
 	-- one counts. The fast path's count and drop tell; else one EXISTS does.
-	-- Nor is a set gone while its pause key, paused no more, holds an
-	-- instant no earlier than the admission held stands for (held - the
-	-- window: see noteReply): Reset and a Refund that empty the set leave
-	-- their instant there (see reset.lua).
-	local suspect = held > now and not (pausedUntil and held - nominal <= pausedUntil)
+	local suspect = held > now
 	local function lose()
 		pausedUntil = now + window
 		redis.call("SET", KEYS[s + 3], str(pausedUntil), "PX", math.ceil(window / 1000))
