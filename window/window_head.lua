@@ -74,12 +74,13 @@ end
 -- schedule or pause drops the markers: window.lua's decisions, and
 -- joint.lua's, drop from -inf before they write (a Peek writes nothing),
 -- and replan.lua and pause.lua drop them (a schedule lost alone, evicted,
--- leaves reservations that replan.lua may find beside a marker). So a unit added beside its marker in place (ZADD's
--- reply 1) needs no look; a reply of 2 (the marker moved, or was missing)
--- looks, and takes both back when the key has either. A pause set by an
--- earlier version (its pause.lua wrote the pause key alone) is seen here
--- once the marker moves, within half a window; no admission goes over
--- the limit meanwhile (a pause only holds a key below it).
+-- leaves reservations that replan.lua may find beside a marker). So a
+-- unit added beside its marker in place (ZADD's reply 1) needs no look; a
+-- reply of 2 (the marker moved, or was missing) looks, and takes both
+-- back when the key has either. A pause set by an earlier version (its
+-- pause.lua wrote the pause key alone) is seen here once the marker
+-- moves, within half a window; no admission goes over the limit
+-- meanwhile (a pause only holds a key below it).
 local counted
 if short then
 	local key, nominal = KEYS[1], ARGV[2] + 0 -- (+ 0: a tonumber without the call)
