@@ -11,6 +11,14 @@ import (
 	"github.com/queuethrottle/queuethrottle/throttle"
 )
 
+// admitLone fails t unless a lone Allow of key on l is admitted.
+func admitLone(ctx context.Context, t *testing.T, l *Redis, key string) {
+	t.Helper()
+	if d, err := l.Allow(ctx, key); err != nil || !d.Allowed {
+		t.Fatalf("Allow(%q) = %+v, %v, want admitted", key, d, err)
+	}
+}
+
 // TestLoneCallSeesPauseAtOnce: a lone AllowN reads the key's pause only
 // when its set's expiry marker is missing (window_head.lua), so Pause
 // drops the markers: the first lone call after it, on a key whose marker
@@ -25,9 +33,7 @@ func TestLoneCallSeesPauseAtOnce(t *testing.T) {
 	l := newTestRedis(t, client, rate)
 	key := l.key("k")
 	for range 3 {
-		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
-			t.Fatalf("Allow = %+v, %v before the pause, want admitted", d, err)
-		}
+		admitLone(ctx, t, l, "k")
 	}
 	if _, ok := markerOf(ctx, t, client, key, rate); !ok {
 		t.Fatal("no expiry marker after three lone admissions")
@@ -73,9 +79,7 @@ func TestLoneCallSeesEarlierVersionsPause(t *testing.T) {
 	ctx := context.Background()
 	rate := throttle.Rate{Count: 10000, Per: 400 * time.Millisecond}
 	l := newTestRedis(t, client, rate)
-	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
-		t.Fatalf("Allow = %+v, %v, want admitted", d, err)
-	}
+	admitLone(ctx, t, l, "k")
 	if _, err := pause.Redis(ctx, client, l.key("k"), false, time.Minute, -1); err != nil {
 		t.Fatal(err)
 	}
@@ -121,9 +125,7 @@ func TestLoneCallSeesReservation(t *testing.T) {
 	rate := throttle.Rate{Count: 4, Per: time.Minute}
 	l := newTestRedis(t, client, rate)
 	key := l.key("k")
-	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
-		t.Fatalf("Allow = %+v, %v, want admitted", d, err)
-	}
+	admitLone(ctx, t, l, "k")
 	if _, ok := markerOf(ctx, t, client, key, rate); !ok {
 		t.Fatal("no expiry marker after a lone admission")
 	}
@@ -161,17 +163,13 @@ func TestReplanDropsMarkers(t *testing.T) {
 		return throttle.Quota{Rate: throttle.Rate{Count: int(limit.Load()), Per: time.Minute}}
 	}))
 	key := l.key("k")
-	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
-		t.Fatalf("Allow = %+v, %v, want admitted", d, err)
-	}
+	admitLone(ctx, t, l, "k")
 	const ahead = 30 * time.Second
 	if d, err := l.AllowIDAfter(ctx, "k", 1, "x", time.Minute, ahead); err != nil || !d.Reserved {
 		t.Fatalf("AllowIDAfter = %+v, %v, want a reservation %v ahead", d, err, ahead)
 	}
 	client.Del(ctx, key+hintSuffix) // the schedule evicted
-	if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
-		t.Fatalf("Allow = %+v, %v, want admitted", d, err)
-	}
+	admitLone(ctx, t, l, "k")
 	limit.Store(2)
 	if n, err := l.Replan(ctx, "k"); err != nil || n == 0 {
 		t.Fatalf("Replan = %d, %v after a cut to 2 with 3 units, want the reservation moved", n, err)
